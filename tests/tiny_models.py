@@ -1,0 +1,86 @@
+"""Tiny random checkpoints for tests: targets written by `transformers`, drafters in the published layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from trtllm_dflash.config import default_target_layer_ids
+
+VOCAB = 96
+
+
+def hf_config(kind: str, **overrides):
+    from transformers import LlamaConfig, Qwen3Config
+
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+                  rms_norm_eps=1e-6, eos_token_id=1, tie_word_embeddings=False)
+    common.update(overrides)
+    if kind == "qwen3":
+        return Qwen3Config(rope_theta=10000.0, **common)
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32, "rope_theta": 500000.0}
+    return LlamaConfig(rope_parameters=rope, **common)
+
+
+def make_hf_target(path: Path, kind: str = "qwen3", seed: int = 0, **overrides):
+    """Save a random transformers model (the oracle) and return it in eval mode, float32."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(hf_config(kind, **overrides), attn_implementation="eager")
+    with torch.no_grad():  # larger weights than the default init: sharper, more varied logits
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+    model.eval().save_pretrained(path)
+    return model
+
+
+def drafter_config(target_layers: int = 4, hidden: int = 32, layers: int = 2, block_size: int = 8,
+                   mask_token_id: int = VOCAB - 1, **extra) -> dict:
+    cfg = {
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": hidden,
+        "intermediate_size": 64, "num_hidden_layers": layers, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 10000.0,
+        "vocab_size": VOCAB, "max_position_embeddings": 512, "block_size": block_size,
+        "num_target_layers": target_layers,
+        "dflash_config": {"mask_token_id": mask_token_id,
+                          "target_layer_ids": default_target_layer_ids(target_layers, layers)},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def drafter_weights(cfg: dict, seed: int = 0, scale: float = 0.2) -> dict[str, torch.Tensor]:
+    """Random weights under exactly the published names (no `model.` prefix)."""
+    g = torch.Generator().manual_seed(seed)
+    h, i, d = cfg["hidden_size"], cfg["intermediate_size"], cfg["head_dim"]
+    nq, nkv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    n_ids = len(cfg["dflash_config"]["target_layer_ids"])
+    rnd = lambda *s: torch.randn(*s, generator=g) * scale  # noqa: E731
+    ones = lambda n: 1 + 0.1 * torch.randn(n, generator=g)  # noqa: E731
+    w = {"fc.weight": rnd(h, n_ids * h), "hidden_norm.weight": ones(h), "norm.weight": ones(h)}
+    for layer in range(cfg["num_hidden_layers"]):
+        p = f"layers.{layer}."
+        w.update({
+            p + "self_attn.q_proj.weight": rnd(nq * d, h), p + "self_attn.k_proj.weight": rnd(nkv * d, h),
+            p + "self_attn.v_proj.weight": rnd(nkv * d, h), p + "self_attn.o_proj.weight": rnd(h, nq * d),
+            p + "self_attn.q_norm.weight": ones(d), p + "self_attn.k_norm.weight": ones(d),
+            p + "mlp.gate_proj.weight": rnd(i, h), p + "mlp.up_proj.weight": rnd(i, h),
+            p + "mlp.down_proj.weight": rnd(h, i),
+            p + "input_layernorm.weight": ones(h), p + "post_attention_layernorm.weight": ones(h),
+        })
+    return w
+
+
+def write_drafter(path: Path, cfg: dict | None = None, weights: dict | None = None, seed: int = 0) -> Path:
+    cfg = cfg or drafter_config()
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(weights if weights is not None else drafter_weights(cfg, seed), str(path / "model.safetensors"))
+    return path

@@ -1,0 +1,3 @@
+"""trtllm-dflash: DFlash speculative decoding from checkpoints to a served, benchmarked deployment."""
+
+__version__ = "0.1.0"

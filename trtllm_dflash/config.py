@@ -1,0 +1,238 @@
+"""Validated model configs parsed from Hugging Face `config.json` files.
+
+One dataclass per model kind, built once by `from_dict` and passed whole. Validation lives
+here so that every error names the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import DFlashError
+
+SUPPORTED_TARGETS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+DRAFTER_ARCHITECTURE = "DFlashDraftModel"
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+def read_config_json(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise DFlashError(f"no config.json in {model_dir}")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise DFlashError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DFlashError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+class _Fields:
+    """Reads typed fields from a config dict; errors name the source and the key."""
+
+    def __init__(self, data: dict[str, Any], source: str):
+        self.data, self.source = data, source
+
+    def get(self, key: str, kind: type, default: Any = ..., positive: bool = False) -> Any:
+        value = self.data.get(key, default)
+        if value is ...:
+            raise DFlashError(f"{self.source}: missing required field '{key}'")
+        if value is None and default is None:
+            return None
+        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value, ok = float(value), True
+        if not ok:
+            raise DFlashError(f"{self.source}: field '{key}' must be {kind.__name__}, got {value!r}")
+        if positive and value <= 0:
+            raise DFlashError(f"{self.source}: field '{key}' must be positive, got {value!r}")
+        return value
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str) -> RopeConfig:
+        # transformers >= 5 writes `rope_parameters`; published checkpoints use
+        # `rope_theta` + `rope_scaling`. Both are read.
+        params = dict(data.get("rope_scaling") or {})
+        params.update(data.get("rope_parameters") or {})
+        theta = params.get("rope_theta", data.get("rope_theta", 10000.0))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        if rope_type not in ROPE_TYPES:
+            raise DFlashError(f"{source}: unsupported rope_type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
+        f = _Fields({**params, "rope_theta": theta}, source)
+        return cls(
+            theta=f.get("rope_theta", float, positive=True),
+            rope_type=rope_type,
+            factor=f.get("factor", float, 1.0, positive=True),
+            low_freq_factor=f.get("low_freq_factor", float, 1.0, positive=True),
+            high_freq_factor=f.get("high_freq_factor", float, 4.0, positive=True),
+            original_max_position_embeddings=f.get("original_max_position_embeddings", int, 8192, positive=True),
+        )
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The decoder-stack fields shared by targets and drafters."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    max_position_embeddings: int
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = True  # Qwen3 normalises per-head q and k; Llama does not
+
+    @staticmethod
+    def fields_from(data: dict[str, Any], source: str, qk_norm: bool) -> dict[str, Any]:
+        f = _Fields(data, source)
+        heads = f.get("num_attention_heads", int, positive=True)
+        hidden = f.get("hidden_size", int, positive=True)
+        kv_heads = f.get("num_key_value_heads", int, heads, positive=True)
+        if heads % kv_heads:
+            raise DFlashError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+        head_dim = f.get("head_dim", int, hidden // heads, positive=True)
+        if head_dim % 2:
+            raise DFlashError(f"{source}: head_dim must be even for RoPE, got {head_dim}")
+        act = data.get("hidden_act", "silu")
+        if act != "silu":
+            raise DFlashError(f"{source}: unsupported hidden_act {act!r} (only 'silu')")
+        return dict(
+            vocab_size=f.get("vocab_size", int, positive=True),
+            hidden_size=hidden,
+            intermediate_size=f.get("intermediate_size", int, positive=True),
+            num_hidden_layers=f.get("num_hidden_layers", int, positive=True),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=f.get("rms_norm_eps", float, 1e-6, positive=True),
+            rope=RopeConfig.from_dict(data, source),
+            max_position_embeddings=f.get("max_position_embeddings", int, 32768, positive=True),
+            attention_bias=f.get("attention_bias", bool, False),
+            mlp_bias=f.get("mlp_bias", bool, False),
+            qk_norm=qk_norm,
+        )
+
+
+@dataclass(frozen=True)
+class TargetConfig(DecoderConfig):
+    model_type: str = "qwen3"
+    tie_word_embeddings: bool = False
+    eos_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str) -> TargetConfig:
+        model_type = data.get("model_type")
+        archs = data.get("architectures") or []
+        if DRAFTER_ARCHITECTURE in archs:
+            raise DFlashError(f"{source}: this is a DFlash drafter ({DRAFTER_ARCHITECTURE}), not a target model")
+        if model_type not in SUPPORTED_TARGETS:
+            raise DFlashError(
+                f"{source}: unknown architecture model_type={model_type!r} architectures={archs} "
+                f"(supported targets: {', '.join(SUPPORTED_TARGETS)})"
+            )
+        if data.get("use_sliding_window"):
+            raise DFlashError(f"{source}: sliding-window targets are not supported (use_sliding_window=true)")
+        f = _Fields(data, source)
+        return cls(
+            **DecoderConfig.fields_from(data, source, qk_norm=model_type == "qwen3"),
+            model_type=model_type,
+            tie_word_embeddings=f.get("tie_word_embeddings", bool, False),
+            eos_token_ids=_token_ids(data.get("eos_token_id"), source, "eos_token_id"),
+        )
+
+
+@dataclass(frozen=True)
+class DrafterConfig(DecoderConfig):
+    """A published DFlash drafter: Qwen3-style layers plus the `dflash_config` fields."""
+
+    block_size: int = 16
+    num_target_layers: int | None = None
+    target_layer_ids: tuple[int, ...] = ()
+    mask_token_id: int = 0
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    is_causal: bool | None = None
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    final_logit_softcapping: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str) -> DrafterConfig:
+        archs = data.get("architectures") or []
+        dflash = data.get("dflash_config")
+        if DRAFTER_ARCHITECTURE not in archs and dflash is None:
+            raise DFlashError(
+                f"{source}: unknown architecture {archs} for a drafter (expected {DRAFTER_ARCHITECTURE} with dflash_config)"
+            )
+        if not isinstance(dflash, dict):
+            raise DFlashError(f"{source}: field 'dflash_config' must be an object, got {dflash!r}")
+        base = DecoderConfig.fields_from(data, source, qk_norm=True)
+        # dflash_config values win over top-level ones, as in the reference implementation.
+        f = _Fields({**data, **dflash}, source)
+        layers = base["num_hidden_layers"]
+        num_target_layers = f.get("num_target_layers", int, None)
+        ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
+        if ids is None:
+            if num_target_layers is None:
+                raise DFlashError(f"{source}: needs dflash_config.target_layer_ids or num_target_layers")
+            ids = default_target_layer_ids(num_target_layers, layers)
+        layer_types = tuple(data.get("layer_types") or ("full_attention",) * layers)
+        if len(layer_types) != layers or not set(layer_types) <= {"full_attention", "sliding_attention"}:
+            raise DFlashError(f"{source}: field 'layer_types' must list {layers} of full_attention/sliding_attention, got {list(layer_types)}")
+        sliding = f.get("sliding_window", int, None)
+        if "sliding_attention" in layer_types and not sliding:
+            raise DFlashError(f"{source}: layer_types has sliding_attention but sliding_window is {sliding!r}")
+        return cls(
+            **base,
+            block_size=f.get("block_size", int, 16, positive=True),
+            num_target_layers=num_target_layers,
+            target_layer_ids=_token_ids(ids, source, "target_layer_ids", allow_empty=False),
+            mask_token_id=f.get("mask_token_id", int),
+            layer_types=layer_types,
+            sliding_window=sliding,
+            is_causal=f.get("is_causal", bool, None),
+            input_embedding_scale=f.get("input_embedding_scale", float, 1.0),
+            output_multiplier=f.get("output_multiplier", float, 1.0),
+            final_logit_softcapping=f.get("final_logit_softcapping", float, None),
+        )
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """The reference's spread of captured target layers (Qwen3-8B, L=36, n=5 -> [1, 9, 17, 25, 33])."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
+
+
+def _token_ids(value: Any, source: str, key: str, allow_empty: bool = True) -> tuple[int, ...]:
+    if value is None:
+        value = []
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise DFlashError(f"{source}: field '{key}' must be an int or a list of ints, got {value!r}")
+    if not value and not allow_empty:
+        raise DFlashError(f"{source}: field '{key}' must not be empty")
+    return tuple(value)

@@ -1,0 +1,51 @@
+"""DFlash: a block-diffusion drafter conditioned on the target's hidden states."""
+
+from __future__ import annotations
+
+import torch
+
+from ..kv_cache import KVCache
+from ..models.drafter import DFlashDrafter
+from ..models.target import TargetModel
+from ..sampling import SamplingBatch, sample_rows, token_probs
+from .base import Proposer
+
+
+class DFlashProposer(Proposer):
+    """Keeps a draft cache of context K/V only, appended once per committed token.
+
+    The block's own K/V are scratch inside one drafting pass and never stored, so "cropping
+    the draft cache to the context" costs nothing.
+    """
+
+    def __init__(self, drafter: DFlashDrafter, target: TargetModel):
+        self.drafter, self.target = drafter, target
+        cfg = drafter.config
+        self.capture_layer_ids = tuple(cfg.target_layer_ids)
+        self.max_block_size = cfg.block_size
+        self.mask_token_id = cfg.mask_token_id
+        self.cache: KVCache | None = None
+
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        cfg, weight = self.drafter.config, self.drafter.fc.weight
+        self.cache = KVCache(cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, capacity, cfg.head_dim,
+                             weight.dtype, weight.device)
+
+    def commit(self, slots, features, positions) -> None:
+        for layer, (k, v) in enumerate(self.drafter.context_kv(features, positions)):
+            self.cache.write(layer, slots, positions, k, v)
+
+    def propose(self, slots, anchors, starts, block_size, sampling: SamplingBatch):
+        block = anchors[:, None].repeat(1, block_size)
+        block[:, 1:] = self.mask_token_id
+        embeds = self.target.embed_tokens(block) * self.drafter.config.input_embedding_scale
+        positions = starts[:, None] + torch.arange(block_size, device=starts.device)
+        ctx_capacity = int(starts.max())  # host sync: the longest context in the batch
+        ctx = [self.cache.read(layer, slots, ctx_capacity) for layer in range(len(self.drafter.layers))]
+        hidden = self.drafter(embeds, positions, ctx, starts)
+        # Slot k predicts the token at slot k (no shift); the anchor's output is discarded.
+        logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head)
+        if bool((sampling.temperature == 0).all()):
+            return logits.argmax(-1), None
+        probs = token_probs(logits, sampling)
+        return sample_rows(probs, sampling.generators), probs
