@@ -68,7 +68,8 @@ class TargetModel(nn.Module):
     def forward(self, step: TargetStep) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> final-normed hidden [B, T, hidden], and captured layer outputs [B, T, n * hidden].
 
-        Capture id i is the output of decoder layer i (Hugging Face `hidden_states[i + 1]`).
+        Capture id i is the output of decoder layer i, exactly Hugging Face `hidden_states[i + 1]`,
+        which for the last layer is taken after the final norm (drafters are trained on that).
         """
         x = self.model.embed_tokens(step.input_ids)
         kv_len = int(step.positions.max()) + 1
@@ -80,8 +81,11 @@ class TargetModel(nn.Module):
             x = layer(x, i, step, rope, mask, kv_len)
             if i in wanted:
                 captured[i] = x
+        x = self.model.norm(x)
+        if len(self.model.layers) - 1 in wanted:
+            captured[len(self.model.layers) - 1] = x
         features = torch.cat([captured[i] for i in step.capture_layer_ids], dim=-1) if wanted else None
-        return self.model.norm(x), features
+        return x, features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,0 +1,110 @@
+"""Independent references the runtime is checked against: transformers, and the spec's algorithm."""
+
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding by full recomputation with the transformers model (no cache, no shortcuts)."""
+    ids = torch.tensor([prompt])
+    out = []
+    for _ in range(n):
+        nxt = int(model(ids).logits[0, -1].argmax())
+        out.append(nxt)
+        ids = torch.cat([ids, torch.tensor([[nxt]])], dim=1)
+    return out
+
+
+class ReferenceDrafter:
+    """The drafter as the spec states it, from transformers' Qwen3 pieces, recomputing the whole
+    context every step (no draft cache), with the reference's masks for sliding-window layers."""
+
+    def __init__(self, cfg: dict, weights: dict[str, torch.Tensor]):
+        from transformers import Qwen3Config
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
+
+        self.cfg, self.w = cfg, weights
+        self.hf_cfg = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "dflash_config")})
+        self.rotary = Qwen3RotaryEmbedding(self.hf_cfg)
+        self.eps = cfg["rms_norm_eps"]
+        self.layer_types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
+
+    def norm(self, x, name):
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+        n = Qwen3RMSNorm(x.shape[-1], self.eps)
+        n.weight.data = self.w[name]
+        return n(x)
+
+    def __call__(self, ctx_feat: torch.Tensor, block_emb: torch.Tensor, start: int) -> torch.Tensor:
+        """ctx_feat: [1, start, n*H] features of positions 0..start-1; block_emb: [1, B, H] -> [1, B, H]."""
+        from transformers.models.qwen3.modeling_qwen3 import apply_rotary_pos_emb
+
+        w, d = self.w, self.cfg["head_dim"]
+        nb = block_emb.shape[1]
+        fused = self.norm(ctx_feat @ w["fc.weight"].T, "hidden_norm.weight")
+        pos = torch.arange(start + nb)[None]
+        cos, sin = self.rotary(block_emb, pos)
+        x = block_emb
+        for i, kind in enumerate(self.layer_types):
+            p = f"layers.{i}."
+            h = self.norm(x, p + "input_layernorm.weight")
+            kv_in = torch.cat([fused, h], dim=1)
+            q = self.norm((h @ w[p + "self_attn.q_proj.weight"].T).view(1, nb, -1, d), p + "self_attn.q_norm.weight")
+            k = self.norm((kv_in @ w[p + "self_attn.k_proj.weight"].T).view(1, start + nb, -1, d),
+                          p + "self_attn.k_norm.weight")
+            v = (kv_in @ w[p + "self_attn.v_proj.weight"].T).view(1, start + nb, -1, d).transpose(1, 2)
+            q, _ = apply_rotary_pos_emb(q.transpose(1, 2), q.transpose(1, 2), cos[:, -nb:], sin[:, -nb:])
+            _, k = apply_rotary_pos_emb(k.transpose(1, 2), k.transpose(1, 2), cos, sin)
+            rep = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            scores = q @ k.transpose(-1, -2) / d**0.5  # [1, H, B, start + B]
+            qp, kp = torch.arange(start, start + nb)[:, None], torch.arange(start + nb)[None]
+            visible = torch.ones(nb, start + nb, dtype=torch.bool)
+            if kind == "sliding_attention":  # causal inside the window, as the reference does
+                visible &= (kp <= qp) & (qp - kp < self.cfg["sliding_window"])
+            scores = scores.masked_fill(~visible, float("-inf"))
+            attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, nb, -1)
+            x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+            h = self.norm(x, p + "post_attention_layernorm.weight")
+            gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
+            x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T
+        return self.norm(x, "norm.weight")
+
+
+@torch.no_grad()
+def reference_dflash_greedy(hf, drafter: ReferenceDrafter, prompt: list[int], n: int, block: int):
+    """The spec's generation loop at batch 1, greedy, target recomputed in full every step.
+
+    -> (output ids, acceptance lengths, drafts of every step)."""
+    cfg = drafter.cfg
+    ids_layers = cfg["dflash_config"]["target_layer_ids"]
+    mask = cfg["dflash_config"]["mask_token_id"]
+    embed, lm_head = hf.get_input_embeddings(), hf.lm_head
+
+    def target(seq):
+        out = hf(torch.tensor([seq]), output_hidden_states=True)
+        return out.logits[0], torch.cat([out.hidden_states[i + 1] for i in ids_layers], dim=-1)
+
+    logits, feats = target(prompt)
+    seq = list(prompt) + [int(logits[-1].argmax())]
+    out, lengths, all_drafts = [seq[-1]], [], []
+    start = len(prompt)
+    while len(out) < n:
+        block_ids = [seq[start]] + [mask] * (block - 1)
+        hidden = drafter(feats[:, :start], embed(torch.tensor([block_ids])), start)
+        drafts = lm_head(hidden[0, 1:]).argmax(-1).tolist()
+        all_drafts.append(drafts)
+        logits, feats = target(seq[: start + 1] + drafts)
+        posterior = logits[start:].argmax(-1).tolist()
+        a = 0
+        while a < len(drafts) and drafts[a] == posterior[a]:
+            a += 1
+        new = (drafts[:a] + [posterior[a]])[: n - len(out)]
+        out += new
+        lengths.append(len(new))
+        seq = seq[: start + 1] + drafts[:a] + [posterior[a]]
+        start += a + 1
+    return out, lengths, all_drafts

@@ -1,0 +1,93 @@
+"""Lossless greedy decoding, batching, stopping, block sizes: against transformers' greedy output."""
+
+import pytest
+import torch
+
+from oracle import hf_greedy
+from trtllm_dflash.builtin import held_out_prompts
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+
+PROMPTS = [list(range(3, 15)), [7, 50, 2, 9], list(range(60, 90)), [11]]
+
+
+@pytest.mark.parametrize("block", [8, 3])
+def test_greedy_dflash_equals_target_greedy(hf_target, random_drafter, block):
+    hf, target_dir = hf_target
+    gen = load_pipeline(target_dir, random_drafter).generator
+    for prompt in PROMPTS:
+        result = gen.generate([Request(tuple(prompt), 24, ignore_eos=True)], block)[0]
+        assert result.output_ids == hf_greedy(hf, prompt, 24)
+        assert len(result.output_ids) == 1 + sum(result.acceptance_lengths)
+
+
+def test_plain_decoding_equals_target_greedy(hf_target):
+    hf, target_dir = hf_target
+    gen = load_pipeline(target_dir).generator
+    result = gen.generate([Request(tuple(PROMPTS[0]), 20, ignore_eos=True)])[0]
+    assert result.output_ids == hf_greedy(hf, PROMPTS[0], 20)
+    assert result.acceptance_lengths == [1] * 19 and result.tau == 1.0 and result.drafted_tokens == 0
+
+
+def test_batched_equals_one_by_one_with_real_acceptance(builtin):
+    """Different prompt lengths and different acceptance per row; each row exactly as alone."""
+    gen = load_pipeline(*builtin).generator
+    prompts = [p[: 6 + 3 * i] for i, p in enumerate(held_out_prompts(5))]
+    requests = [Request(tuple(p), 40 + 7 * i, ignore_eos=True) for i, p in enumerate(prompts)]
+    together = gen.generate(requests)
+    alone = [gen.generate([r])[0] for r in requests]
+    ar = load_pipeline(builtin[0]).generator.generate(requests)
+    for t, a, plain, r in zip(together, alone, ar, requests):
+        assert t.output_ids == a.output_ids == plain.output_ids
+        assert t.acceptance_lengths == a.acceptance_lengths
+        assert len(t.output_ids) == r.max_new_tokens
+    assert len({tuple(t.acceptance_lengths) for t in together}) > 1
+    assert max(max(t.acceptance_lengths) for t in together) > 1
+
+
+def test_stop_token_truncates_and_ignore_eos_runs_to_the_limit(hf_target, random_drafter):
+    hf, target_dir = hf_target
+    gen = load_pipeline(target_dir, random_drafter).generator
+    free = hf_greedy(hf, PROMPTS[2], 30)
+    stop = free[9]
+    first = free.index(stop)
+    result = gen.generate([Request(tuple(PROMPTS[2]), 30, stop_ids=(stop,))])[0]
+    assert result.output_ids == free[: first + 1] and result.finish_reason == "stop"
+    assert sum(result.acceptance_lengths) + 1 == len(result.output_ids)
+    ignoring = gen.generate([Request(tuple(PROMPTS[2]), 30, stop_ids=(stop,), ignore_eos=True)])[0]
+    assert ignoring.output_ids == free and ignoring.finish_reason == "length"
+
+
+def test_default_stop_is_the_generation_config_eos(builtin):
+    pipe = load_pipeline(*builtin)
+    assert pipe.target.stop_ids == (256,)
+    assert pipe.generator.default_stop_ids == (256,)
+
+
+def test_block_size_lowerable_not_raisable(builtin):
+    gen = load_pipeline(*builtin).generator
+    request = Request(tuple(held_out_prompts(1)[0]), 30, ignore_eos=True)
+    full = gen.generate([request])[0]
+    for block in (1, 2, 5):
+        lowered = gen.generate([request], block)[0]
+        assert lowered.output_ids == full.output_ids
+        assert max(lowered.acceptance_lengths) <= block
+    with pytest.raises(DFlashError, match="block size 9 exceeds the drafter's trained block_size 8"):
+        gen.generate([request], 9)
+
+
+def test_statistics_are_consistent(builtin):
+    gen = load_pipeline(*builtin).generator
+    r = gen.generate([Request(tuple(held_out_prompts(1)[0]), 50, ignore_eos=True)])[0]
+    assert r.tau == pytest.approx(sum(r.acceptance_lengths) / len(r.acceptance_lengths))
+    assert r.accepted_tokens == sum(r.acceptance_lengths) - len(r.acceptance_lengths)
+    assert 0 < r.ttft_s < r.finish_s - r.start_s
+    assert r.tpot_s == pytest.approx((r.finish_s - r.first_token_s) / 49)
+    assert r.tokens_per_s == pytest.approx(50 / (r.finish_s - r.start_s))
+
+
+def test_torch_bfloat16_runs(builtin):
+    gen = load_pipeline(*builtin, dtype=torch.bfloat16).generator
+    r = gen.generate([Request(tuple(held_out_prompts(1)[0]), 16, ignore_eos=True)])[0]
+    assert len(r.output_ids) == 16 and all(0 <= t < 258 for t in r.output_ids)
