@@ -44,7 +44,7 @@ def default_home() -> Path:
     return Path(os.environ.get("TRTLLM_DFLASH_HOME", Path.home() / ".cache" / "trtllm-dflash"))
 
 
-def builtin_pair(home: Path | None = None, seed: int = 0, fit_steps: int = 800) -> tuple[Path, Path]:
+def builtin_pair(home: Path | None = None, seed: int = 0, fit_steps: int = 600) -> tuple[Path, Path]:
     """-> (target_dir, drafter_dir), made on first use and cached under `home`."""
     root = (home or default_home()) / f"builtin-{VERSION}-seed{seed}-steps{fit_steps}"
     if not (root / "drafter" / "model.safetensors").is_file():
@@ -68,7 +68,7 @@ def make_pair(root: Path, seed: int, fit_steps: int) -> None:
     (root / "target" / "generation_config.json").write_text(json.dumps({"eos_token_id": 256}))
     drafter = DFlashDrafter(DrafterConfig.from_dict(DRAFTER, "builtin drafter"))
     sequences = target_continuations(target, training_prompts(seed), 112)
-    fit_drafter(target, drafter, sequences, min_anchor=4, steps=fit_steps, batch=64, seed=seed)
+    fit_drafter(target, drafter, sequences, min_anchor=4, steps=fit_steps, seed=seed)
     save_model(drafter, DRAFTER, root / "drafter")
 
 

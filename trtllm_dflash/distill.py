@@ -40,8 +40,9 @@ def capture_features(target: TargetModel, sequences: torch.Tensor, layer_ids: tu
 
 
 def fit_drafter(target: TargetModel, drafter: DFlashDrafter, sequences: torch.Tensor, min_anchor: int,
-                steps: int = 300, batch: int = 32, lr: float = 3e-3, seed: int = 0) -> list[float]:
-    """Train `drafter` in place on `sequences` [N, S]; anchors drawn from [min_anchor, S - B]. -> losses."""
+                steps: int = 300, batch: int = 16, anchors: int = 16, lr: float = 3e-3, seed: int = 0) -> list[float]:
+    """Train `drafter` in place on `sequences` [N, S]: per step `batch` sequences with `anchors`
+    random blocks each, anchors drawn from [min_anchor, S - B]. -> per-step losses."""
     cfg = drafter.config
     block = cfg.block_size
     target.requires_grad_(False)  # shared embedding and LM head stay frozen
@@ -52,13 +53,12 @@ def fit_drafter(target: TargetModel, drafter: DFlashDrafter, sequences: torch.Te
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda i: min(1.0, (i + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(i, steps) / steps)))
     g = torch.Generator().manual_seed(seed)
-    embed, lm_head = target.embed_tokens, target.lm_head
     losses = []
     drafter.train()
     for _ in range(steps):
         rows = torch.randint(len(sequences), (batch,), generator=g)
-        anchors = torch.randint(min_anchor, sequences.shape[1] - block + 1, (batch,), generator=g)
-        loss = block_loss(drafter, embed, lm_head, sequences[rows], features[rows], anchors, weights)
+        starts = torch.randint(min_anchor, sequences.shape[1] - block + 1, (batch, anchors), generator=g)
+        loss = block_loss(drafter, target, sequences[rows], features[rows], starts, weights)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(drafter.parameters(), 1.0)
@@ -69,17 +69,29 @@ def fit_drafter(target: TargetModel, drafter: DFlashDrafter, sequences: torch.Te
     return losses
 
 
-def block_loss(drafter, embed, lm_head, seqs, feats, anchors, weights) -> torch.Tensor:
-    """Weighted CE of one block per row. seqs: [B, S]; feats: [B, S, F]; anchors: [B] positions."""
-    block = drafter.config.block_size
-    offsets = torch.arange(block)
-    idx = anchors[:, None] + offsets  # [B, K] positions of the block
-    labels = seqs.gather(1, idx)[:, 1:]  # slot k predicts the token at slot k
-    inputs = torch.full_like(idx, drafter.config.mask_token_id)
-    inputs[:, 0] = seqs.gather(1, anchors[:, None])[:, 0]
-    positions = torch.arange(seqs.shape[1]).expand(len(seqs), -1)
-    ctx = drafter.context_kv(feats, positions)  # context strictly before the anchor: ctx_len = anchor
-    hidden = drafter(embed(inputs).detach() * drafter.config.input_embedding_scale, idx, ctx, anchors)
-    logits = drafter.logits(hidden[:, 1:], lm_head)
+def block_sparse_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
+    """anchors [B, A] -> [B, 1, A*K, S + A*K]: a block's queries see the context strictly before
+    its anchor and every slot of their own block, nothing of other blocks."""
+    b, a = anchors.shape
+    ctx = torch.arange(seq_len)[None, None, :] < anchors[:, :, None]  # [B, A, S]
+    ctx = ctx.repeat_interleave(block, dim=1)  # [B, A*K, S]
+    block_id = torch.arange(a).repeat_interleave(block)
+    own = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)  # [B, A*K, A*K]
+    return torch.cat([ctx, own], dim=2)[:, None]
+
+
+def block_loss(drafter, target, seqs, feats, anchors, weights) -> torch.Tensor:
+    """Weighted CE over packed blocks. seqs: [B, S]; feats: [B, S, F]; anchors: [B, A] positions."""
+    cfg = drafter.config
+    block, (b, a), s = cfg.block_size, anchors.shape, seqs.shape[1]
+    idx = anchors[..., None] + torch.arange(block)  # [B, A, K] positions of each block slot
+    tokens = seqs.gather(1, idx.view(b, -1)).view(b, a, block)
+    labels = tokens[..., 1:]  # slot k predicts the token at slot k
+    inputs = torch.full_like(tokens, cfg.mask_token_id)
+    inputs[..., 0] = tokens[..., 0]
+    ctx = drafter.context_kv(feats, torch.arange(s).expand(b, -1))
+    embeds = target.embed_tokens(inputs.view(b, -1)) * cfg.input_embedding_scale
+    hidden = drafter(embeds, idx.view(b, -1), ctx, None, block_sparse_mask(anchors, s, block))
+    logits = drafter.logits(hidden.view(b, a, block, -1)[:, :, 1:], target.lm_head)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-    return (ce.view(labels.shape) * weights).sum() / (weights.sum() * len(seqs))
+    return (ce.view(labels.shape) * weights).sum() / (weights.sum() * b * a)

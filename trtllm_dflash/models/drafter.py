@@ -77,17 +77,23 @@ class DFlashDrafter(nn.Module):
         return [layer.context_kv(fused, rope) for layer in self.layers]
 
     def forward(self, block_embeds: torch.Tensor, positions: torch.Tensor, ctx: ContextKV,
-                ctx_len: torch.Tensor) -> torch.Tensor:
+                ctx_len: torch.Tensor | None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """One drafting pass -> final-normed hidden [B, K, hidden].
 
         block_embeds: [B, K, hidden] target embeddings of [anchor, MASK, ...]; positions: [B, K];
         ctx: per-layer context K/V whose index j holds position j; ctx_len: [B] valid entries.
+        `mask` [B, 1, K, S + K] replaces the per-layer masks (training packs many blocks per row).
         """
         rope = self.rotary(positions, block_embeds.dtype)
         capacity = ctx[0][0].shape[2]
+        masks: dict[tuple, torch.Tensor] = {}
         x = block_embeds
         for layer, layer_ctx in zip(self.layers, ctx):
-            x = layer(x, layer_ctx, rope, layer.mask(ctx_len, capacity, positions))
+            if mask is None:
+                key = (layer.is_causal, layer.window)
+                if key not in masks:
+                    masks[key] = layer.mask(ctx_len, capacity, positions)
+            x = layer(x, layer_ctx, rope, masks[key] if mask is None else mask)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:

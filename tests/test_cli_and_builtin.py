@@ -1,0 +1,62 @@
+"""dflash-generate's JSON contract, and real acceptance with the built-in fitted pair."""
+
+import json
+import subprocess
+import sys
+
+import torch
+
+from trtllm_dflash.builtin import DRAFTER, held_out_prompts
+from trtllm_dflash.config import DrafterConfig
+from trtllm_dflash.loading import load_target
+from trtllm_dflash.generator import Generator
+from trtllm_dflash.models.drafter import DFlashDrafter
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+from trtllm_dflash.speculative import DFlashProposer
+
+KEYS = {"output_ids", "acceptance_lengths", "tau", "ttft_s", "tpot_s", "tokens_per_s", "text"}
+
+
+def generate_json(*args) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.generate", *args, "--json"],
+                          capture_output=True, text=True, check=True)
+    return json.loads(proc.stdout)
+
+
+def test_generate_json_contract_with_builtin_pair(builtin):
+    prompt = ",".join(map(str, held_out_prompts(1)[0]))
+    spec = generate_json("--target", "builtin", "--drafter", "builtin", "--prompt-ids", prompt,
+                         "--max-new-tokens", "40", "--ignore-eos")
+    plain = generate_json("--target", str(builtin[0]), "--prompt-ids", prompt, "--max-new-tokens", "40",
+                          "--ignore-eos")
+    assert KEYS <= spec.keys() and KEYS <= plain.keys()
+    assert spec["output_ids"] == plain["output_ids"] and len(spec["output_ids"]) == 40
+    assert plain["acceptance_lengths"] == [1] * 39 and plain["tau"] == 1.0
+    assert spec["tau"] == sum(spec["acceptance_lengths"]) / len(spec["acceptance_lengths"])
+    tokenizer = load_target(builtin[0]).tokenizer
+    assert spec["text"] == tokenizer.decode(spec["output_ids"])
+
+
+def test_text_prompt_and_sampling_flags(builtin):
+    out = generate_json("--target", "builtin", "--drafter", "builtin", "--prompt", "def main():",
+                        "--max-new-tokens", "12", "--temperature", "0.8", "--top-p", "0.9", "--top-k", "20",
+                        "--seed", "4", "--block-size", "4", "--ignore-eos")
+    assert len(out["output_ids"]) == 12 and max(out["acceptance_lengths"]) <= 4
+
+
+def test_fitted_drafter_accepts_far_more_than_an_untrained_one(builtin):
+    """Held-out prompts, greedy, block 8: the fitted drafter's tau is well above 1, output stays exact."""
+    pipe = load_pipeline(*builtin)
+    requests = [Request(tuple(p), 96, ignore_eos=True) for p in held_out_prompts(8)]
+    fitted = pipe.generator.generate(requests)
+    torch.manual_seed(0)
+    untrained = DFlashDrafter(DrafterConfig.from_dict(DRAFTER, "untrained")).eval()
+    target = pipe.target.model
+    baseline = Generator(target, DFlashProposer(untrained, target)).generate(requests)
+    plain = load_pipeline(builtin[0]).generator.generate(requests)
+    tau = sum(r.tau for r in fitted) / len(fitted)
+    tau_untrained = sum(r.tau for r in baseline) / len(baseline)
+    assert tau >= 1.5 and tau_untrained < 1.2, (tau, tau_untrained)
+    for a, b, c in zip(fitted, baseline, plain):
+        assert a.output_ids == b.output_ids == c.output_ids

@@ -1,0 +1,112 @@
+"""Sampled speculative output follows the target's distribution (exact enumeration as the oracle)."""
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from tiny_models import drafter_config, make_hf_target, write_drafter
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+from trtllm_dflash.sampling import SamplingParams
+
+V, PROMPT, N_NEW, SAMPLES = 6, (1, 4, 2, 0, 3), 3, 4000
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("smallvocab")
+    hf = make_hf_target(root / "target", "qwen3", seed=7, vocab_size=V, eos_token_id=None)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(0.4)  # soften the logits: every token has real probability mass
+    hf.save_pretrained(root / "target")
+    cfg = drafter_config(block_size=4, mask_token_id=V - 1, vocab_size=V)
+    write_drafter(root / "drafter", cfg, seed=8)
+    return hf, root / "target", root / "drafter"
+
+
+def exact_distribution(hf, params: SamplingParams) -> dict[tuple, float]:
+    """P(x1..xn | prompt) by enumeration, with transformers' own logits warpers."""
+    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
+                                                        TopKLogitsWarper, TopPLogitsWarper)
+
+    warp = LogitsProcessorList([TemperatureLogitsWarper(params.temperature)])
+    if params.top_k:
+        warp.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1:
+        warp.append(TopPLogitsWarper(params.top_p))
+    probs: dict[tuple, float] = {}
+    with torch.no_grad():
+        for seq in itertools.product(range(V), repeat=N_NEW):
+            p = 1.0
+            for i in range(N_NEW):
+                ids = torch.tensor([PROMPT + seq[:i]])
+                p *= float(torch.softmax(warp(ids, hf(ids).logits[:, -1]), -1)[0, seq[i]])
+            probs[seq] = p
+    return probs
+
+
+def chi_square_rejects(counts: dict[tuple, int], probs: dict[tuple, float], n: int) -> tuple[bool, float, float]:
+    """Pearson's test at alpha = 1e-3; cells expecting fewer than 5 are pooled."""
+    stat, pool_obs, pool_exp, cells = 0.0, 0, 0.0, 0
+    for seq, p in probs.items():
+        exp, obs = n * p, counts.get(seq, 0)
+        if exp < 5:
+            pool_obs, pool_exp = pool_obs + obs, pool_exp + exp
+            continue
+        stat, cells = stat + (obs - exp) ** 2 / exp, cells + 1
+    if pool_exp > 0:
+        stat, cells = stat + (pool_obs - pool_exp) ** 2 / pool_exp, cells + 1
+    df = cells - 1
+    z = 3.0902  # upper 1e-3 normal quantile; Wilson-Hilferty approximation of the chi-square quantile
+    critical = df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+    return stat > critical, stat, critical
+
+
+def sample(gen, params: SamplingParams):
+    requests = [Request(PROMPT, N_NEW, SamplingParams(params.temperature, params.top_p, params.top_k, seed),
+                        ignore_eos=True) for seed in range(SAMPLES)]
+    results = gen.generate(requests)
+    counts: dict[tuple, int] = {}
+    for r in results:
+        counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
+    return counts, results
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7, top_p=0.9, top_k=4)])
+def test_speculative_sampling_follows_target_distribution(small_vocab_pair, params):
+    hf, target_dir, drafter_dir = small_vocab_pair
+    probs = exact_distribution(hf, params)
+    counts, results = sample(load_pipeline(target_dir, drafter_dir).generator, params)
+    drafted = sum(r.drafted_tokens for r in results)
+    accepted = sum(r.accepted_tokens for r in results)
+    assert 0.1 * drafted < accepted < 0.9 * drafted  # both acceptance and rejection were exercised
+    rejects, stat, critical = chi_square_rejects(counts, probs, SAMPLES)
+    assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}"
+
+
+def test_the_check_detects_a_wrong_distribution(small_vocab_pair):
+    """Power check: plain sampling at a different temperature must fail the same test."""
+    hf, target_dir, _ = small_vocab_pair
+    counts, _ = sample(load_pipeline(target_dir).generator, SamplingParams(1.4))
+    assert chi_square_rejects(counts, exact_distribution(hf, SamplingParams(1.0)), SAMPLES)[0]
+
+
+def test_seeded_sampling_is_reproducible(small_vocab_pair):
+    _, target_dir, drafter_dir = small_vocab_pair
+    gen = load_pipeline(target_dir, drafter_dir).generator
+    run = lambda seed: gen.generate([Request(PROMPT, 20, SamplingParams(1.0, seed=seed), ignore_eos=True)])[0]  # noqa: E731
+    assert run(5).output_ids == run(5).output_ids
+    assert any(run(5).output_ids != run(s).output_ids for s in range(6, 10))
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(temperature=-1.0), "temperature must be >= 0, got -1.0"),
+    (dict(top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+    (dict(top_k=-2), "top_k must be >= 0, got -2"),
+])
+def test_bad_sampling_parameters(kwargs, message):
+    with pytest.raises(DFlashError, match=message):
+        SamplingParams(**kwargs)
