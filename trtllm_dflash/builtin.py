@@ -22,7 +22,7 @@ from .distill import fit_drafter, target_continuations
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
 
-VERSION = "v1"
+VERSION = "v2"  # bump whenever the recipe changes: it names the cache directory
 EOS, MASK = "<|endoftext|>", "<|MASK|>"
 BYTE_VOCAB = 256  # ids 0..255 are bytes; 256 = EOS; 257 = MASK
 TARGET = {

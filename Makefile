@@ -1,0 +1,24 @@
+# Two entry points, both from nothing: `make demo` (the main job) and `make test` (the suite).
+# TORCH pins the CPU wheel for this set-up only; the package itself accepts any torch >= 2.5
+# (on a GPU machine: make demo TORCH=torch).
+VENV ?= .venv
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+
+.PHONY: demo test clean
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/dflash-demo
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache
