@@ -43,10 +43,12 @@ class Generator:
         self.target, self.proposer = target, proposer
         self.default_stop_ids = default_stop_ids
         self.device = target.lm_head.weight.device
+        self.cache = None  # the target's KV cache, allocated per generate() call
 
     @torch.inference_mode()
     def generate(self, requests: list[Request], block_size: int | None = None) -> list[Result]:
-        block = check_block_size(block_size or self.proposer.max_block_size, self.proposer.max_block_size)
+        block = check_block_size(self.proposer.max_block_size if block_size is None else block_size,
+                                 self.proposer.max_block_size)
         cfg = self.target.config
         for r in requests:
             r.validate(cfg.vocab_size, cfg.max_position_embeddings)
@@ -94,7 +96,7 @@ class Generator:
     @staticmethod
     def first_tokens(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
         # logits: [N, 1, V] -> [N]
-        if bool((sampling.temperature == 0).all()):
+        if sampling.all_greedy:
             return logits[:, 0].argmax(-1)
         return sample_rows(token_probs(logits, sampling), sampling.generators)[:, 0]
 
@@ -112,8 +114,9 @@ class Generator:
         state.starts[slots] = starts + num_accepted + 1
         state.anchors[slots] = bonus
         now = time.perf_counter()
-        for row, (i, a) in enumerate(zip(running, num_accepted.tolist())):  # host sync: one per step
-            new = drafts[row, :a].tolist() + [int(bonus[row])]
+        drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
+        for row, (i, a) in enumerate(zip(running, accepted)):
+            new = drafted[row][:a] + [bonuses[row]]
             state.results[i].drafted_tokens += drafts.shape[1]
             state.results[i].accepted_tokens += a
             state.results[i].acceptance_lengths.append(self.emit(state, i, new, now))

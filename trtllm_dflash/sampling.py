@@ -47,6 +47,7 @@ class SamplingBatch:
     top_p: torch.Tensor  # [B]
     top_k: torch.Tensor  # [B] long; 0 = off
     generators: list[torch.Generator]
+    all_greedy: bool  # known on the host, so the greedy fast paths need no device sync
 
     @classmethod
     def of(cls, params: list[SamplingParams], generators: list[torch.Generator], device) -> SamplingBatch:
@@ -55,6 +56,7 @@ class SamplingBatch:
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
             generators=generators,
+            all_greedy=all(p.greedy for p in params),
         )
 
 

@@ -18,7 +18,7 @@ def accept(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits
     Greedy rows have one-hot p and q, which makes this exactly "accept while draft == argmax".
     -> num_accepted [B] long, bonus [B] long.
     """
-    if bool((sampling.temperature == 0).all()):
+    if sampling.all_greedy:
         return _accept_greedy(drafts, target_logits)
     target_probs = token_probs(target_logits, sampling)
     num_drafts = drafts.shape[1]

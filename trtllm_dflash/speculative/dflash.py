@@ -45,7 +45,7 @@ class DFlashProposer(Proposer):
         hidden = self.drafter(embeds, positions, ctx, starts)
         # Slot k predicts the token at slot k (no shift); the anchor's output is discarded.
         logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head)
-        if bool((sampling.temperature == 0).all()):
+        if sampling.all_greedy:
             return logits.argmax(-1), None
         probs = token_probs(logits, sampling)
         return sample_rows(probs, sampling.generators), probs
