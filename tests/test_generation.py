@@ -91,3 +91,21 @@ def test_torch_bfloat16_runs(builtin):
     gen = load_pipeline(*builtin, dtype=torch.bfloat16).generator
     r = gen.generate([Request(tuple(held_out_prompts(1)[0]), 16, ignore_eos=True)])[0]
     assert len(r.output_ids) == 16 and all(0 <= t < 258 for t in r.output_ids)
+
+
+def test_greedy_rows_stay_exact_beside_sampled_rows(builtin):
+    """One batch, per-request sampling settings: the greedy row is unaffected by its neighbours."""
+    from trtllm_dflash.sampling import SamplingParams
+
+    pipe = load_pipeline(*builtin)
+    prompts = held_out_prompts(3)
+    greedy = Request(tuple(prompts[0]), 40, ignore_eos=True)
+    mixed = pipe.generator.generate([
+        Request(tuple(prompts[1]), 40, SamplingParams(1.0, seed=1), ignore_eos=True),
+        greedy,
+        Request(tuple(prompts[2]), 40, SamplingParams(0.7, top_k=5, seed=2), ignore_eos=True),
+    ])
+    plain = load_pipeline(builtin[0]).generator.generate([greedy])[0]
+    assert mixed[1].output_ids == plain.output_ids
+    assert all(len(r.output_ids) == 40 for r in mixed)
+    assert pipe.generator.generate([]) == []

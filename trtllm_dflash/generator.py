@@ -49,6 +49,8 @@ class Generator:
     def generate(self, requests: list[Request], block_size: int | None = None) -> list[Result]:
         block = check_block_size(self.proposer.max_block_size if block_size is None else block_size,
                                  self.proposer.max_block_size)
+        if not requests:
+            return []
         cfg = self.target.config
         for r in requests:
             r.validate(cfg.vocab_size, cfg.max_position_embeddings)
