@@ -14,10 +14,10 @@ import torch
 class KVCache:
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str):
-        shape = (num_slots, num_kv_heads, capacity, head_dim)
-        # k[l], v[l]: [slots, H_kv, capacity, D]
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        shape = (num_layers, num_slots, num_kv_heads, capacity, head_dim)
+        # k, v: [L, slots, H_kv, capacity, D], one tensor each so fused kernels can write every layer
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
 
     def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -7,23 +7,34 @@ import torch
 from ..kv_cache import KVCache
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
+from ..plugins.context_kv import context_kv_weights
+from ..plugins.context_kv.op import write_context_kv
 from ..sampling import SamplingBatch, sample_rows, token_probs
 from .base import Proposer
+
+CONTEXT_KV_PATHS = ("op", "triton", "unfused")
 
 
 class DFlashProposer(Proposer):
     """Keeps a draft cache of context K/V only, appended once per committed token.
 
     The block's own K/V are scratch inside one drafting pass and never stored, so "cropping
-    the draft cache to the context" costs nothing.
+    the draft cache to the context" costs nothing. Context K/V are written by the fused
+    `trtllm_dflash::context_kv` op ("op": Triton on CUDA, PyTorch elsewhere), by the Triton kernel
+    directly ("triton"), or layer by layer in PyTorch ("unfused", also used for biased drafters).
     """
 
-    def __init__(self, drafter: DFlashDrafter, target: TargetModel):
+    def __init__(self, drafter: DFlashDrafter, target: TargetModel, context_kv: str = "op"):
+        if context_kv not in CONTEXT_KV_PATHS:
+            raise ValueError(f"context_kv must be one of {CONTEXT_KV_PATHS}, got {context_kv!r}")
         self.drafter, self.target = drafter, target
         cfg = drafter.config
         self.capture_layer_ids = tuple(cfg.target_layer_ids)
         self.max_block_size = cfg.block_size
         self.mask_token_id = cfg.mask_token_id
+        fusable = not cfg.attention_bias
+        self.context_kv = context_kv if fusable else "unfused"
+        self.stacked = context_kv_weights(drafter) if self.context_kv != "unfused" else None
         self.cache: KVCache | None = None
 
     def allocate(self, num_slots: int, capacity: int) -> None:
@@ -32,8 +43,19 @@ class DFlashProposer(Proposer):
                              weight.dtype, weight.device)
 
     def commit(self, slots, features, positions) -> None:
-        for layer, (k, v) in enumerate(self.drafter.context_kv(features, positions)):
-            self.cache.write(layer, slots, positions, k, v)
+        if self.context_kv == "unfused":
+            for layer, (k, v) in enumerate(self.drafter.context_kv(features, positions)):
+                self.cache.write(layer, slots, positions, k, v)
+            return
+        b, t = positions.shape  # flatten to N = B * T tokens, each with its own slot and position
+        args = (features.reshape(b * t, -1), positions.reshape(-1), slots[:, None].expand(b, t).reshape(-1),
+                self.stacked, self.cache.k, self.cache.v)
+        if self.context_kv == "triton":
+            from ..plugins.context_kv.triton_kernel import context_kv_triton
+
+            context_kv_triton(*args)
+        else:
+            write_context_kv(*args)
 
     def propose(self, slots, anchors, starts, block_size, sampling: SamplingBatch):
         block = anchors[:, None].repeat(1, block_size)

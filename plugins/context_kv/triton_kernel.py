@@ -1,0 +1,108 @@
+"""Fused context-KV kernel: hidden_norm + the stacked K/V projection of every layer + k_norm + RoPE +
+the cache write, in one launch over (token tile, layer x {K, V} x KV head).
+
+The `fc` GEMM before it stays a cuBLAS matmul (`y = features @ fc.T`): it is a plain large GEMM.
+Everything after it is fused here. hidden_norm needs the whole row of y, and the K loop of the
+projection streams exactly that row, so its sum of squares is accumulated on the way and the
+per-row scale applied once at the end:
+    acc[n, :] = sum_k (y[n, k] * w_hn[k]) * W[c, k];   out = acc * rsqrt(mean_k y[n, k]^2 + eps)
+One program owns BLOCK_N tokens x one head (D columns) of one layer's K or V, kept as two
+halves so RoPE's rotate-half pairs (j, j + D/2) are in registers: lo' = lo cos - hi sin,
+hi' = hi cos + lo sin. Accumulation is fp32 whatever the input dtype; fp32 inputs use IEEE fp32
+products, not TF32.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .spec import ContextKVWeights
+
+# The CPU interpreter (TRITON_INTERPRET=1, used by the tests) mis-computes tl.dot on bf16 inputs,
+# so there operands are upcast first; on a GPU the dot runs natively on bf16/fp16 tensor cores.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _context_kv_kernel(
+    y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, slot_ptr, kc_ptr, vc_ptr,
+    N, H, hidden_eps, k_eps,
+    s_y, s_cl, s_cs, s_ch, s_cp,  # y row stride; cache strides: layer, slot, head, position (D is unit)
+    NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    col = tl.program_id(1)  # (layer, kind, head) flattened; kind 0 = K, 1 = V
+    layer = col // (2 * NUM_KV_HEADS)
+    kind = (col // NUM_KV_HEADS) % 2
+    head = col % NUM_KV_HEADS
+    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < N
+    j = tl.arange(0, HALF)
+    w_lo = w_ptr + (col * 2 * HALF + j)[:, None] * H  # weight rows of this head's first half
+    w_hi = w_lo + HALF * H
+    acc_lo = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
+    acc_hi = tl.zeros((BLOCK_N, HALF), dtype=tl.float32)
+    sumsq = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < H
+        y = tl.load(y_ptr + rows[:, None] * s_y + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        sumsq += tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
+        x = (y.to(tl.float32) * tl.load(hn_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(y.dtype)
+        wl = tl.load(w_lo + ks[None, :], mask=k_ok[None, :], other=0.0)
+        wh = tl.load(w_hi + ks[None, :], mask=k_ok[None, :], other=0.0)
+        if UPCAST:
+            x, wl, wh = x.to(tl.float32), wl.to(tl.float32), wh.to(tl.float32)
+        acc_lo += tl.dot(x, tl.trans(wl), input_precision=PRECISION)
+        acc_hi += tl.dot(x, tl.trans(wh), input_precision=PRECISION)
+    scale = tl.rsqrt(sumsq / H + hidden_eps)[:, None]
+    lo = acc_lo * scale
+    hi = acc_hi * scale
+    pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
+    base = layer * s_cl + slot[:, None] * s_cs + head * s_ch + pos[:, None] * s_cp
+    if kind == 0:
+        inv = tl.rsqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / (2 * HALF) + k_eps)[:, None]
+        lo = lo * inv * tl.load(kn_ptr + layer * 2 * HALF + j).to(tl.float32)[None, :]
+        hi = hi * inv * tl.load(kn_ptr + layer * 2 * HALF + HALF + j).to(tl.float32)[None, :]
+        angle = pos[:, None].to(tl.float32) * tl.load(freq_ptr + j)[None, :]
+        cos, sin = tl.cos(angle), tl.sin(angle)
+        lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
+        out = kc_ptr
+    else:
+        out = vc_ptr
+    ok = row_ok[:, None]
+    tl.store(out + base + j[None, :], lo.to(out.dtype.element_ty), mask=ok)
+    tl.store(out + base + HALF + j[None, :], hi.to(out.dtype.element_ty), mask=ok)
+
+
+def supported(w: ContextKVWeights) -> bool:
+    """Shapes the kernel handles: head_dim a power of two, halves >= 16 on a GPU (tl.dot's minimum)."""
+    d = w.head_dim
+    return d & (d - 1) == 0 and (INTERPRETED or d // 2 >= 16)
+
+
+def context_kv_triton(features, positions, slots, w: ContextKVWeights, k_cache, v_cache,
+                      block_n: int = 16, block_k: int = 64) -> None:
+    """Same contract as `context_kv_reference`; k_cache/v_cache: [L, S, H_kv, C, D], D contiguous."""
+    y = (features @ w.fc.T).contiguous()  # [N, H]: the fc GEMM (cuBLAS)
+    n, hidden = y.shape
+    if n == 0:
+        return
+    assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    grid = (triton.cdiv(n, block_n), w.num_layers * 2 * w.num_kv_heads)
+    _context_kv_kernel[grid](
+        y, w.hidden_norm, w.kv, w.k_norm, w.inv_freq.float().contiguous(),
+        positions.contiguous(), slots.contiguous(), k_cache, v_cache,
+        n, hidden, w.hidden_eps, w.k_eps,
+        y.stride(0), *k_cache.stride()[:4],
+        NUM_KV_HEADS=w.num_kv_heads, HALF=w.head_dim // 2, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)),
+        UPCAST=INTERPRETED,
+        # fp32 models get full fp32 products (TF32's 10-bit mantissa could flip a greedy argmax)
+        PRECISION="ieee" if INTERPRETED or y.dtype == torch.float32 else "tf32",
+    )
