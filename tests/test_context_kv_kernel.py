@@ -75,3 +75,19 @@ def test_reference_path_writes_the_same_places():
     context_kv_triton(features, pos, slot, w, caches[2], caches[3])
     torch.testing.assert_close(caches[0], caches[2], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(caches[1], caches[3], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", CASES[:2])
+def test_dense_kernel_for_tensorrt_matches_reference(case):
+    """The TensorRT plugin's kernel (dense [N, L, H_kv, D] outputs) on the same fp64 oracle."""
+    from trtllm_dflash.plugins.context_kv.triton_kernel import context_kv_dense_triton
+
+    hidden, n_ids, layers, kv_heads, head_dim, new, starts, slots = case
+    g = torch.Generator().manual_seed(7)
+    w = random_weights(g, hidden, n_ids, layers, kv_heads, head_dim, torch.float32)
+    pos, _ = ragged_tokens(g, new, starts, slots)
+    features = torch.randn(len(pos), n_ids * hidden, generator=g)
+    k, v = context_kv_dense_triton(features @ w.fc.T, pos, w)
+    k_ref, v_ref = project_context_kv(features.double(), pos, as64(w))
+    assert ((k.double() - k_ref).norm() / k_ref.norm()).item() < 2e-6
+    assert ((v.double() - v_ref).norm() / v_ref.norm()).item() < 2e-6

@@ -1,5 +1,5 @@
-"""Fused context-KV kernel: hidden_norm + the stacked K/V projection of every layer + k_norm + RoPE +
-the cache write, in one launch over (token tile, layer x {K, V} x KV head).
+"""Fused context-KV kernels: hidden_norm + the stacked K/V projection of every layer + k_norm + RoPE
+(+ the cache write), in one launch over (token tile, layer x {K, V} x KV head).
 
 The `fc` GEMM before it stays a cuBLAS matmul (`y = features @ fc.T`): it is a plain large GEMM.
 Everything after it is fused here. hidden_norm needs the whole row of y, and the K loop of the
@@ -10,6 +10,10 @@ One program owns BLOCK_N tokens x one head (D columns) of one layer's K or V, ke
 halves so RoPE's rotate-half pairs (j, j + D/2) are in registers: lo' = lo cos - hi sin,
 hi' = hi cos + lo sin. Accumulation is fp32 whatever the input dtype; fp32 inputs use IEEE fp32
 products, not TF32.
+
+Two entry kernels share that body: `_cache_kernel` scatters into the draft cache
+[L, S, H_kv, C, D] at (slot, position) per token (the runtime's op); `_dense_kernel` writes
+[N, L, H_kv, D] outputs with its arguments ordered inputs, scalars, outputs (the TensorRT plugin).
 """
 
 from __future__ import annotations
@@ -28,19 +32,14 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
-def _context_kv_kernel(
-    y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, slot_ptr, kc_ptr, vc_ptr,
-    N, H, hidden_eps, k_eps,
-    s_y, s_cl, s_cs, s_ch, s_cp,  # y row stride; cache strides: layer, slot, head, position (D is unit)
-    NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    UPCAST: tl.constexpr, PRECISION: tl.constexpr,
-):
-    pid_n = tl.program_id(0)
+def _project_tile(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, N, H, HIDDEN_EPS: tl.constexpr,
+                  K_EPS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    """-> (lo, hi) [BLOCK_N, HALF] fp32 halves of this program's head, rows, row mask, positions."""
     col = tl.program_id(1)  # (layer, kind, head) flattened; kind 0 = K, 1 = V
     layer = col // (2 * NUM_KV_HEADS)
     kind = (col // NUM_KV_HEADS) % 2
-    head = col % NUM_KV_HEADS
-    rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_ok = rows < N
     j = tl.arange(0, HALF)
     w_lo = w_ptr + (col * 2 * HALF + j)[:, None] * H  # weight rows of this head's first half
@@ -51,7 +50,7 @@ def _context_kv_kernel(
     for k0 in range(0, H, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < H
-        y = tl.load(y_ptr + rows[:, None] * s_y + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        y = tl.load(y_ptr + rows[:, None] * H + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         sumsq += tl.sum(y.to(tl.float32) * y.to(tl.float32), axis=1)
         x = (y.to(tl.float32) * tl.load(hn_ptr + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]).to(y.dtype)
         wl = tl.load(w_lo + ks[None, :], mask=k_ok[None, :], other=0.0)
@@ -60,25 +59,51 @@ def _context_kv_kernel(
             x, wl, wh = x.to(tl.float32), wl.to(tl.float32), wh.to(tl.float32)
         acc_lo += tl.dot(x, tl.trans(wl), input_precision=PRECISION)
         acc_hi += tl.dot(x, tl.trans(wh), input_precision=PRECISION)
-    scale = tl.rsqrt(sumsq / H + hidden_eps)[:, None]
+    scale = tl.rsqrt(sumsq / H + HIDDEN_EPS)[:, None]
     lo = acc_lo * scale
     hi = acc_hi * scale
     pos = tl.load(pos_ptr + rows, mask=row_ok, other=0)
-    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
-    base = layer * s_cl + slot[:, None] * s_cs + head * s_ch + pos[:, None] * s_cp
-    if kind == 0:
-        inv = tl.rsqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / (2 * HALF) + k_eps)[:, None]
+    if kind == 0:  # K: k_norm over the whole head, then RoPE at the token's absolute position
+        inv = tl.rsqrt((tl.sum(lo * lo, axis=1) + tl.sum(hi * hi, axis=1)) / (2 * HALF) + K_EPS)[:, None]
         lo = lo * inv * tl.load(kn_ptr + layer * 2 * HALF + j).to(tl.float32)[None, :]
         hi = hi * inv * tl.load(kn_ptr + layer * 2 * HALF + HALF + j).to(tl.float32)[None, :]
         angle = pos[:, None].to(tl.float32) * tl.load(freq_ptr + j)[None, :]
         cos, sin = tl.cos(angle), tl.sin(angle)
         lo, hi = lo * cos - hi * sin, hi * cos + lo * sin
-        out = kc_ptr
-    else:
-        out = vc_ptr
-    ok = row_ok[:, None]
-    tl.store(out + base + j[None, :], lo.to(out.dtype.element_ty), mask=ok)
-    tl.store(out + base + HALF + j[None, :], hi.to(out.dtype.element_ty), mask=ok)
+    return lo, hi, rows, row_ok, pos
+
+
+@triton.jit
+def _cache_kernel(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, slot_ptr, kc_ptr, vc_ptr, N, H,
+                  s_cl, s_cs, s_ch, s_cp,  # cache strides: layer, slot, head, position (D is unit)
+                  HIDDEN_EPS: tl.constexpr, K_EPS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    lo, hi, rows, row_ok, pos = _project_tile(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, N, H, HIDDEN_EPS,
+                                              K_EPS, NUM_KV_HEADS, HALF, BLOCK_N, BLOCK_K, UPCAST, PRECISION)
+    col = tl.program_id(1)
+    layer, kind, head = col // (2 * NUM_KV_HEADS), (col // NUM_KV_HEADS) % 2, col % NUM_KV_HEADS
+    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
+    out = tl.where(kind == 0, kc_ptr, vc_ptr)
+    base = out + layer * s_cl + slot[:, None] * s_cs + head * s_ch + pos[:, None] * s_cp
+    j = tl.arange(0, HALF)[None, :]
+    tl.store(base + j, lo.to(kc_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(base + HALF + j, hi.to(kc_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@triton.jit
+def _dense_kernel(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, N, H, k_ptr, v_ptr,
+                  HIDDEN_EPS: tl.constexpr, K_EPS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
+                  NUM_LAYERS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr,
+                  PRECISION: tl.constexpr):
+    lo, hi, rows, row_ok, pos = _project_tile(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, N, H, HIDDEN_EPS,
+                                              K_EPS, NUM_KV_HEADS, HALF, BLOCK_N, BLOCK_K, UPCAST, PRECISION)
+    col = tl.program_id(1)
+    layer, kind, head = col // (2 * NUM_KV_HEADS), (col // NUM_KV_HEADS) % 2, col % NUM_KV_HEADS
+    out = tl.where(kind == 0, k_ptr, v_ptr)  # outputs [N, L, H_kv, D], contiguous
+    base = out + rows[:, None] * (NUM_LAYERS * NUM_KV_HEADS * 2 * HALF) + (layer * NUM_KV_HEADS + head) * 2 * HALF
+    j = tl.arange(0, HALF)[None, :]
+    tl.store(base + j, lo.to(k_ptr.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(base + HALF + j, hi.to(k_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 def supported(w: ContextKVWeights) -> bool:
@@ -87,22 +112,38 @@ def supported(w: ContextKVWeights) -> bool:
     return d & (d - 1) == 0 and (INTERPRETED or d // 2 >= 16)
 
 
-def context_kv_triton(features, positions, slots, w: ContextKVWeights, k_cache, v_cache,
-                      block_n: int = 16, block_k: int = 64) -> None:
+def launch_constants(w: ContextKVWeights, dtype: torch.dtype, hidden: int, block_n: int = 16,
+                     block_k: int = 64) -> dict:
+    """The compile-time constants of one specialisation (shared by the launcher and TensorRT AOT)."""
+    return dict(HIDDEN_EPS=w.hidden_eps, K_EPS=w.k_eps, NUM_KV_HEADS=w.num_kv_heads, HALF=w.head_dim // 2,
+                BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), UPCAST=INTERPRETED,
+                # fp32 models get full fp32 products (TF32's 10-bit mantissa could flip a greedy argmax)
+                PRECISION="ieee" if INTERPRETED or dtype == torch.float32 else "tf32")
+
+
+def grid(n: int, w: ContextKVWeights, block_n: int = 16) -> tuple[int, int]:
+    return triton.cdiv(n, block_n), w.num_layers * 2 * w.num_kv_heads
+
+
+def context_kv_triton(features, positions, slots, w: ContextKVWeights, k_cache, v_cache) -> None:
     """Same contract as `context_kv_reference`; k_cache/v_cache: [L, S, H_kv, C, D], D contiguous."""
     y = (features @ w.fc.T).contiguous()  # [N, H]: the fc GEMM (cuBLAS)
     n, hidden = y.shape
     if n == 0:
         return
     assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
-    grid = (triton.cdiv(n, block_n), w.num_layers * 2 * w.num_kv_heads)
-    _context_kv_kernel[grid](
-        y, w.hidden_norm, w.kv, w.k_norm, w.inv_freq.float().contiguous(),
-        positions.contiguous(), slots.contiguous(), k_cache, v_cache,
-        n, hidden, w.hidden_eps, w.k_eps,
-        y.stride(0), *k_cache.stride()[:4],
-        NUM_KV_HEADS=w.num_kv_heads, HALF=w.head_dim // 2, BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)),
-        UPCAST=INTERPRETED,
-        # fp32 models get full fp32 products (TF32's 10-bit mantissa could flip a greedy argmax)
-        PRECISION="ieee" if INTERPRETED or y.dtype == torch.float32 else "tf32",
-    )
+    _cache_kernel[grid(n, w)](y, w.hidden_norm, w.kv, w.k_norm, w.inv_freq.float().contiguous(),
+                              positions.contiguous(), slots.contiguous(), k_cache, v_cache, n, hidden,
+                              *k_cache.stride()[:4], **launch_constants(w, y.dtype, hidden))
+
+
+def context_kv_dense_triton(y, positions, w: ContextKVWeights) -> tuple[torch.Tensor, torch.Tensor]:
+    """The TensorRT plugin's contract, runnable from PyTorch: y [N, H] (fc output) -> k, v [N, L, H_kv, D]."""
+    n, hidden = y.shape
+    k = torch.empty(n, w.num_layers, w.num_kv_heads, w.head_dim, dtype=y.dtype, device=y.device)
+    v = torch.empty_like(k)
+    if n:
+        _dense_kernel[grid(n, w)](y.contiguous(), w.hidden_norm, w.kv, w.k_norm, w.inv_freq.float().contiguous(),
+                                  positions.contiguous(), n, hidden, k, v, NUM_LAYERS=w.num_layers,
+                                  **launch_constants(w, y.dtype, hidden))
+    return k, v
