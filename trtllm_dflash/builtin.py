@@ -22,7 +22,7 @@ from .distill import fit_drafter, target_continuations
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
 
-VERSION = "v2"  # bump whenever the recipe changes: it names the cache directory
+VERSION = "v3"  # bump whenever the recipe changes: it names the cache directory
 EOS, MASK = "<|endoftext|>", "<|MASK|>"
 BYTE_VOCAB = 256  # ids 0..255 are bytes; 256 = EOS; 257 = MASK
 TARGET = {
@@ -84,8 +84,8 @@ def held_out_prompts(count: int = 8) -> list[list[int]]:
 
 
 def random_target(seed: int) -> TargetModel:
-    torch.manual_seed(seed)
     target = TargetModel(TargetConfig.from_dict(TARGET, "builtin target"))
+    torch.manual_seed(seed)  # after construction: the weights depend on the seed alone
     with torch.no_grad():
         for p in target.parameters():
             if p.dim() == 2:

@@ -58,16 +58,22 @@ def weight_files(model_dir: Path) -> list[Path]:
 
 
 def load_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a directory, memory-mapped by safetensors until copied to the model."""
+    """All tensors of a directory (every shard)."""
     tensors: dict[str, torch.Tensor] = {}
     for path in weight_files(model_dir):
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    tensors[name] = f.get_tensor(name)
-        except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise DFlashError(f"corrupt safetensors file {path}: {str(exc).splitlines()[0]}") from None
+        tensors.update(read_safetensors(path))
     return tensors
+
+
+def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """One safetensors file; a truncated or garbled file is one clear error."""
+    if not path.is_file():
+        raise DFlashError(f"missing safetensors file {path}")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: f.get_tensor(name) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise DFlashError(f"corrupt safetensors file {path}: {str(exc).splitlines()[0]}") from None
 
 
 def read_json(path: Path) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from .config import DrafterConfig, TargetConfig, read_config_json
 from .errors import DFlashError
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
+from .parallel import SINGLE, Parallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,16 +43,7 @@ def parse_dtype(name: str) -> torch.dtype:
 def load_target(name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedTarget:
     path = resolve_model_dir(name)
     cfg = TargetConfig.from_dict(read_config_json(path), str(path / "config.json"))
-    tensors = load_tensors(path)
-    if cfg.tie_word_embeddings:
-        tensors.pop("lm_head.weight", None)
-    with torch.device("meta"):
-        model = TargetModel(cfg)
-    skip = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
-    assign_weights(model, tensors, path, skip=skip)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.model.embed_tokens.weight
-    model = model.to(device=device, dtype=dtype).eval()
+    model = target_from_tensors(cfg, load_tensors(path), path, SINGLE, dtype, device)
     tokenizer = load_tokenizer(path)
     return LoadedTarget(model, cfg, path, tokenizer, stop_token_ids(path, cfg.eos_token_ids, tokenizer))
 
@@ -59,14 +51,31 @@ def load_target(name: str | Path, dtype: torch.dtype = torch.float32, device: st
 def load_drafter(name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedDrafter:
     path = resolve_model_dir(name)
     cfg = DrafterConfig.from_dict(read_config_json(path), str(path / "config.json"))
+    return LoadedDrafter(drafter_from_tensors(cfg, load_tensors(path), path, SINGLE, dtype, device), cfg, path)
+
+
+def target_from_tensors(cfg: TargetConfig, tensors: dict, path: Path, tp: Parallel, dtype, device) -> TargetModel:
+    """A target (or one rank's shard of it) from checked tensors; tied embeddings re-tied."""
+    skip = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    for name in skip:
+        tensors.pop(name, None)
     with torch.device("meta"):
-        model = DFlashDrafter(cfg)
-    assign_weights(model, load_tensors(path), path)
-    return LoadedDrafter(model.to(device=device, dtype=dtype).eval(), cfg, path)
+        model = TargetModel(cfg, tp)
+    assign_weights(model, tensors, path, skip=skip)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    return model.to(device=device, dtype=dtype).eval()
 
 
-def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path, skip: set[str] = frozenset()) -> None:
-    """Check every name and shape against the model built from the config, then assign."""
+def drafter_from_tensors(cfg: DrafterConfig, tensors: dict, path: Path, tp: Parallel, dtype, device) -> DFlashDrafter:
+    with torch.device("meta"):
+        model = DFlashDrafter(cfg, tp)
+    assign_weights(model, tensors, path)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def check_weights(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path, skip: set[str] = frozenset()) -> None:
+    """Every name and shape against the model built from the config; one-line error on the first problem."""
     expected = {k: v.shape for k, v in model.state_dict().items() if k not in skip}
     missing = sorted(set(expected) - set(tensors))
     if missing:
@@ -79,4 +88,9 @@ def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor], path: Pat
         if tuple(tensors[name].shape) != tuple(shape):
             raise DFlashError(f"weight shape mismatch for '{name}' in {path}: checkpoint "
                               f"{list(tensors[name].shape)}, config.json implies {list(shape)}")
-    model.load_state_dict({k: tensors[k] for k in expected}, strict=False, assign=True)
+
+
+def assign_weights(model: nn.Module, tensors: dict[str, torch.Tensor], path: Path, skip: set[str] = frozenset()) -> None:
+    check_weights(model, tensors, path, skip)
+    names = [k for k in model.state_dict() if k not in skip]
+    model.load_state_dict({k: tensors[k] for k in names}, strict=False, assign=True)

@@ -8,7 +8,7 @@ import sys
 
 from ..errors import DFlashError
 from ..loading import DTYPES, parse_dtype
-from ..pipeline import Pipeline, load_pipeline
+from ..pipeline import load_pipeline
 from ..request import Request
 from ..sampling import SamplingParams
 from .common import model_path, run_cli
@@ -18,7 +18,9 @@ PROG = "dflash-generate"
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Generate with a target model, speculatively with a DFlash drafter.")
-    p.add_argument("--target", required=True, help="target model directory, hub id, or 'builtin'")
+    model = p.add_mutually_exclusive_group(required=True)
+    model.add_argument("--target", help="target model directory, hub id, or 'builtin'")
+    model.add_argument("--engine", help="a torch engine directory from dflash-build (any tensor-parallel size)")
     p.add_argument("--drafter", help="DFlash drafter directory, hub id, or 'builtin'; omit for plain decoding")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs the target's tokenizer)")
@@ -30,33 +32,59 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int)
     p.add_argument("--block-size", type=int, help="tokens per draft block (default: the drafter's trained size)")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--dtype", choices=sorted(DTYPES), help="default float32 (an engine uses its own dtype)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return p
 
 
-def prompt_ids(args, pipeline: Pipeline) -> tuple[int, ...]:
+def prompt_ids(args, tokenizer, where) -> tuple[int, ...]:
     if args.prompt_ids is not None:
         try:
             return tuple(int(x) for x in args.prompt_ids.split(",") if x.strip())
         except ValueError:
             raise DFlashError(f"--prompt-ids must be comma-separated integers, got {args.prompt_ids!r}") from None
-    if pipeline.tokenizer is None:
-        raise DFlashError(f"the target in {pipeline.target.path} has no tokenizer: use --prompt-ids")
-    return tuple(pipeline.tokenizer.encode(args.prompt, add_special_tokens=False))
+    if tokenizer is None:
+        raise DFlashError(f"the target in {where} has no tokenizer: use --prompt-ids")
+    return tuple(tokenizer.encode(args.prompt, add_special_tokens=False))
+
+
+def generate_from_checkpoints(args, sampling: SamplingParams):
+    pipeline = load_pipeline(model_path(args.target, "target"), model_path(args.drafter, "drafter"),
+                             parse_dtype(args.dtype or "float32"), args.device)
+    request = Request(prompt_ids(args, pipeline.tokenizer, pipeline.target.path), args.max_new_tokens, sampling,
+                      ignore_eos=args.ignore_eos)
+    return pipeline.generator.generate([request], args.block_size)[0], pipeline.tokenizer
+
+
+def generate_from_engine(args, sampling: SamplingParams):
+    from pathlib import Path
+
+    from ..checkpoint import load_tokenizer
+    from ..engine import generate_with_engine, init_from_torchrun, read_torch_manifest
+
+    if args.drafter or args.dtype:
+        raise DFlashError("--engine already fixes the drafter and the dtype: drop --drafter/--dtype")
+    init_from_torchrun(args.device)
+    engine = Path(args.engine)
+    manifest = read_torch_manifest(engine)
+    tokenizer = load_tokenizer(engine / manifest.tokenizer) if manifest.tokenizer else None
+    request = Request(prompt_ids(args, tokenizer, engine), args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
+    return generate_with_engine(engine, [request], args.block_size, args.device)[0], tokenizer
 
 
 def run(argv: list[str] | None = None) -> int:
+    import torch.distributed as dist
+
     args = parser().parse_args(argv)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
-    pipeline = load_pipeline(model_path(args.target, "target"), model_path(args.drafter, "drafter"),
-                             parse_dtype(args.dtype), args.device)
-    request = Request(prompt_ids(args, pipeline), args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
-    result = pipeline.generator.generate([request], args.block_size)[0]
+    run_one = generate_from_engine if args.engine else generate_from_checkpoints
+    result, tokenizer = run_one(args, sampling)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return 0  # under torchrun, rank 0 reports
     out = result.summary()
-    if pipeline.tokenizer is not None:
-        out["text"] = pipeline.tokenizer.decode(result.output_ids)
+    if tokenizer is not None:
+        out["text"] = tokenizer.decode(result.output_ids)
     if args.json:
         print(json.dumps(out))
     else:

@@ -13,16 +13,17 @@ import torch
 from torch import nn
 
 from ..config import DrafterConfig
+from ..parallel import SINGLE, Parallel
 from .layers import MLP, AttentionProjections, RMSNorm, Rotary, apply_rope
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v): [B, H_kv, S, D]
 
 
 class DrafterLayer(nn.Module):
-    def __init__(self, cfg: DrafterConfig, layer: int):
+    def __init__(self, cfg: DrafterConfig, layer: int, tp: Parallel):
         super().__init__()
-        self.self_attn = AttentionProjections(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.self_attn = AttentionProjections(cfg, tp)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         sliding = cfg.layer_types[layer] == "sliding_attention"
@@ -58,10 +59,12 @@ class DrafterLayer(nn.Module):
 
 
 class DFlashDrafter(nn.Module):
-    def __init__(self, cfg: DrafterConfig):
+    """With tp.world > 1, one rank's shard: attention heads and MLP split, `fc` and norms replicated."""
+
+    def __init__(self, cfg: DrafterConfig, tp: Parallel = SINGLE):
         super().__init__()
         self.config = cfg
-        self.layers = nn.ModuleList(DrafterLayer(cfg, i) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DrafterLayer(cfg, i, tp) for i in range(cfg.num_hidden_layers))
         self.fc = nn.Linear(len(cfg.target_layer_ids) * cfg.hidden_size, cfg.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -96,7 +99,8 @@ class DFlashDrafter(nn.Module):
             x = layer(x, layer_ctx, rope, masks[key] if mask is None else mask)
         return self.norm(x)
 
-    def logits(self, hidden: torch.Tensor, lm_head: nn.Linear) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """The target's LM head (fp32 logits) with the drafter's optional multiplier and softcap."""
         cfg = self.config
         logits = lm_head(hidden).float() * cfg.output_multiplier
         if cfg.final_logit_softcapping:

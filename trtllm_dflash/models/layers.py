@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import DecoderConfig, RopeConfig
+from ..parallel import SINGLE, HeadSplit, Parallel, padded_vocab
 
 
 class RMSNorm(nn.Module):
@@ -25,14 +26,50 @@ class RMSNorm(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, bias: bool):
+    """SwiGLU; gate/up column-parallel, down row-parallel (summed over ranks)."""
+
+    def __init__(self, hidden: int, intermediate: int, bias: bool, tp: Parallel = SINGLE):
         super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
+        local = intermediate // tp.world
+        self.gate_proj = nn.Linear(hidden, local, bias=bias)
+        self.up_proj = nn.Linear(hidden, local, bias=bias)
+        self.down_proj = nn.Linear(local, hidden, bias=bias)  # bias held by rank 0 only
+        self.tp = tp
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.tp.all_reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+
+
+class VocabEmbedding(nn.Module):
+    """Token embedding whose rows (the padded vocabulary) are split over ranks."""
+
+    def __init__(self, vocab: int, hidden: int, tp: Parallel = SINGLE):
+        super().__init__()
+        rows = vocab if tp.world == 1 else padded_vocab(vocab, tp.world) // tp.world
+        self.weight = nn.Parameter(torch.empty(rows, hidden))
+        self.start, self.tp = tp.rank * rows, tp
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.world == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.start
+        inside = (local >= 0) & (local < self.weight.shape[0])
+        out = F.embedding(local.clamp(0, self.weight.shape[0] - 1), self.weight) * inside[..., None]
+        return self.tp.all_reduce(out)
+
+
+class LMHead(nn.Module):
+    """Output projection whose rows (the padded vocabulary) are split over ranks."""
+
+    def __init__(self, hidden: int, vocab: int, tp: Parallel = SINGLE):
+        super().__init__()
+        rows = vocab if tp.world == 1 else padded_vocab(vocab, tp.world) // tp.world
+        self.weight = nn.Parameter(torch.empty(rows, hidden))
+        self.vocab, self.tp = vocab, tp
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # -> fp32 logits [..., vocab], gathered from every rank, padding dropped
+        return self.tp.all_gather_last(F.linear(hidden, self.weight).float())[..., : self.vocab]
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -77,14 +114,17 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class AttentionProjections(nn.Module):
     """q/k/v/o projections and the optional per-head q/k RMSNorm, named as in the checkpoints."""
 
-    def __init__(self, cfg: DecoderConfig):
+    def __init__(self, cfg: DecoderConfig, tp: Parallel = SINGLE):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, d
-        self.q_proj = nn.Linear(h, cfg.num_attention_heads * d, bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, cfg.num_key_value_heads * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(cfg.num_attention_heads * d, h, bias=cfg.attention_bias)
+        split = HeadSplit(cfg.num_attention_heads, cfg.num_key_value_heads, tp.world)
+        # head counts of this rank (all heads when tp.world == 1)
+        self.num_heads, self.num_kv_heads, self.head_dim = split.local_heads, split.local_kv_heads, d
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=cfg.attention_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=cfg.attention_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=cfg.attention_bias)  # row-parallel
+        self.tp = tp
         if cfg.qk_norm:
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
@@ -110,4 +150,4 @@ class AttentionProjections(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # q: [B, H, T, D]; k, v: [B, H_kv, S, D]; mask: [B, 1, T, S] bool (True = visible)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
-        return self.o_proj(out.transpose(1, 2).reshape(*q.shape[:1], q.shape[2], -1))
+        return self.tp.all_reduce(self.o_proj(out.transpose(1, 2).reshape(*q.shape[:1], q.shape[2], -1)))

@@ -9,7 +9,8 @@ from torch import nn
 
 from ..config import TargetConfig
 from ..kv_cache import KVCache
-from .layers import MLP, AttentionProjections, RMSNorm, Rotary, apply_rope
+from ..parallel import SINGLE, Parallel
+from .layers import MLP, AttentionProjections, LMHead, RMSNorm, Rotary, VocabEmbedding, apply_rope
 
 
 @dataclass
@@ -30,10 +31,10 @@ def causal_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
 
 
 class TargetLayer(nn.Module):
-    def __init__(self, cfg: TargetConfig):
+    def __init__(self, cfg: TargetConfig, tp: Parallel):
         super().__init__()
-        self.self_attn = AttentionProjections(cfg)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias)
+        self.self_attn = AttentionProjections(cfg, tp)
+        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -49,20 +50,23 @@ class TargetLayer(nn.Module):
 
 
 class TargetModel(nn.Module):
-    """Weights are named as in the Hugging Face checkpoints (`model.layers.0...`, `lm_head`)."""
+    """Weights are named as in the Hugging Face checkpoints (`model.layers.0...`, `lm_head`).
 
-    def __init__(self, cfg: TargetConfig):
+    With tp.world > 1 this is one rank's shard; every rank runs the same steps on the same inputs.
+    """
+
+    def __init__(self, cfg: TargetConfig, tp: Parallel = SINGLE):
         super().__init__()
-        self.config = cfg
+        self.config, self.tp = cfg, tp
         self.model = nn.Module()
-        self.model.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.model.layers = nn.ModuleList(TargetLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.model.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
+        self.model.layers = nn.ModuleList(TargetLayer(cfg, tp) for _ in range(cfg.num_hidden_layers))
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tp)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
 
     @property
-    def embed_tokens(self) -> nn.Embedding:
+    def embed_tokens(self) -> VocabEmbedding:
         return self.model.embed_tokens
 
     def forward(self, step: TargetStep) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -88,9 +92,10 @@ class TargetModel(nn.Module):
         return x, features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """-> fp32 logits over the whole vocabulary (gathered across ranks)."""
+        return self.lm_head(hidden)
 
     def new_cache(self, num_slots: int, capacity: int) -> KVCache:
         cfg, weight = self.config, self.lm_head.weight
-        return KVCache(cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, capacity, cfg.head_dim,
-                       weight.dtype, weight.device)
+        kv_heads = self.model.layers[0].self_attn.num_kv_heads  # this rank's
+        return KVCache(cfg.num_hidden_layers, num_slots, kv_heads, capacity, cfg.head_dim, weight.dtype, weight.device)

@@ -39,8 +39,9 @@ class DFlashProposer(Proposer):
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         cfg, weight = self.drafter.config, self.drafter.fc.weight
-        self.cache = KVCache(cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, capacity, cfg.head_dim,
-                             weight.dtype, weight.device)
+        kv_heads = self.drafter.layers[0].self_attn.num_kv_heads  # this rank's
+        self.cache = KVCache(cfg.num_hidden_layers, num_slots, kv_heads, capacity, cfg.head_dim, weight.dtype,
+                             weight.device)
 
     def commit(self, slots, features, positions) -> None:
         if self.context_kv == "unfused":
@@ -66,7 +67,7 @@ class DFlashProposer(Proposer):
         ctx = [self.cache.read(layer, slots, ctx_capacity) for layer in range(len(self.drafter.layers))]
         hidden = self.drafter(embeds, positions, ctx, starts)
         # Slot k predicts the token at slot k (no shift); the anchor's output is discarded.
-        logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head)
+        logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head)  # gathered over ranks
         if sampling.all_greedy:
             return logits.argmax(-1), None
         probs = token_probs(logits, sampling)

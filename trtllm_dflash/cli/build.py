@@ -1,0 +1,95 @@
+"""dflash-build: build an engine directory; `inspect` and `verify` an existing one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+from ..build.manifest import Manifest
+from ..build.spec import BACKENDS, QUANTS
+from ..loading import DTYPES
+from .common import model_path, run_cli
+
+PROG = "dflash-build"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Build a DFlash engine directory from a target and its drafter. "
+                                "Also: 'dflash-build inspect ENGINE_DIR [--json]', 'dflash-build verify ENGINE_DIR'.")
+    p.add_argument("--config", help="YAML file with the same settings (flags override it)")
+    p.add_argument("--target", help="target model directory, hub id, or 'builtin'")
+    p.add_argument("--drafter", help="DFlash drafter directory, hub id, or 'builtin'")
+    p.add_argument("--output", help="engine directory to create")
+    # choices are validated by BuildSpec, so a bad value is one line naming it
+    p.add_argument("--backend", help=f"{' | '.join(BACKENDS)} (default torch)")
+    p.add_argument("--tp", type=int, help="tensor-parallel size")
+    p.add_argument("--dtype", help=f"{' | '.join(DTYPES)} (default bfloat16)")
+    p.add_argument("--quant", help=f"{' | '.join(QUANTS)}: Model Optimizer quantization of the target (trtllm backend)")
+    p.add_argument("--calib", help="JSONL calibration prompts ({\"prompt\": ...} or {\"text\": ...} per line)")
+    p.add_argument("--block-size", type=int)
+    p.add_argument("--max-batch-size", type=int)
+    p.add_argument("--max-seq-len", type=int)
+    p.add_argument("--max-num-tokens", type=int)
+    p.add_argument("--force", action="store_true", default=None, help="replace an existing output directory")
+    return p
+
+
+def run_build(argv: list[str]) -> int:
+    from ..build.builder import build_engine
+    from ..build.spec import BuildSpec
+
+    args = vars(build_parser().parse_args(argv))
+    config = args.pop("config")
+    for role in ("target", "drafter"):
+        if args[role] is not None:
+            args[role] = str(model_path(args[role], role))
+    spec = BuildSpec.from_sources(config, args)
+    out = build_engine(spec, shlex.join([PROG, *argv]))
+    print(f"built {spec.backend} engine: {out}")
+    return 0
+
+
+def run_inspect(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog=f"{PROG} inspect")
+    p.add_argument("engine_dir")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    m = Manifest.read(args.engine_dir)
+    if args.json:
+        print(json.dumps(vars(m), indent=2))
+        return 0
+    print(f"engine       {args.engine_dir} (format {m.format_version}, built by trtllm-dflash {m.tool_version})")
+    print(f"backend      {m.backend}  tp {m.tp_size}  dtype {m.dtype}  quantization {m.quantization}")
+    print(f"target       {m.target['source']} ({m.target['model_type']}, {m.target['num_hidden_layers']} layers)")
+    print(f"drafter      {m.drafter['source']} (block size {m.block_size})")
+    print("limits       " + "  ".join(f"{k} {v}" for k, v in m.limits.items()))
+    print(f"files        {len(m.files)}; built with: {m.build_command}")
+    for key, value in m.backend_details.items():
+        print(f"{key:<12} {value}")
+    return 0
+
+
+def run_verify(argv: list[str]) -> int:
+    from ..build.verify import verify_engine
+
+    p = argparse.ArgumentParser(prog=f"{PROG} verify")
+    p.add_argument("engine_dir")
+    args = p.parse_args(argv)
+    ok, lines = verify_engine(args.engine_dir)
+    for line in lines:
+        print(line)
+    return 0 if ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    commands = {"inspect": run_inspect, "verify": run_verify}
+    if argv and argv[0] in commands:
+        return run_cli(PROG, lambda: commands[argv[0]](argv[1:]))
+    return run_cli(PROG, lambda: run_build(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""Run a `torch` engine directory: one rank in-process, or N tensor-parallel ranks.
+
+N ranks are started by the runtime itself (spawned processes on loopback: gloo on CPUs, NCCL on
+GPUs) or by `torchrun` (multi-node: every process calls `generate_with_engine`, rank 0 reports).
+Every rank runs the same generation on the same inputs; collectives keep them in step.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .build.manifest import Manifest
+from .checkpoint import load_tokenizer, read_safetensors, stop_token_ids
+from .config import DrafterConfig, TargetConfig, read_config_json
+from .errors import DFlashError
+from .generator import Generator
+from .loading import DTYPES, LoadedDrafter, LoadedTarget, drafter_from_tensors, target_from_tensors
+from .parallel import Parallel
+from .pipeline import Pipeline, check_device
+from .request import Request, Result
+from .speculative import DFlashProposer
+
+WORKER_TIMEOUT_S = 3600
+
+
+def read_torch_manifest(engine_dir: Path) -> Manifest:
+    manifest = Manifest.read(engine_dir)
+    if manifest.backend != "torch":
+        raise DFlashError(f"{engine_dir} is a '{manifest.backend}' engine: the portable runtime runs 'torch' engines "
+                          "(serve trtllm engines with TensorRT-LLM)")
+    return manifest
+
+
+def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu") -> Pipeline:
+    """One rank of a torch engine, reading only that rank's weight files."""
+    engine_dir = Path(engine_dir)
+    manifest = read_torch_manifest(engine_dir)
+    tp, dtype = Parallel(rank, manifest.tp_size), DTYPES[manifest.dtype]
+    t_dir, d_dir = engine_dir / "target", engine_dir / "drafter"
+    t_cfg = TargetConfig.from_dict(read_config_json(t_dir), str(t_dir / "config.json"))
+    d_cfg = DrafterConfig.from_dict(read_config_json(d_dir), str(d_dir / "config.json"))
+    shard = f"rank{rank}.safetensors"
+    target = target_from_tensors(t_cfg, read_safetensors(t_dir / shard), t_dir / shard, tp, dtype, device)
+    drafter = drafter_from_tensors(d_cfg, read_safetensors(d_dir / shard), d_dir / shard, tp, dtype, device)
+    tokenizer = load_tokenizer(engine_dir / manifest.tokenizer) if manifest.tokenizer else None
+    stops = stop_token_ids(t_dir, t_cfg.eos_token_ids, tokenizer)
+    proposer = DFlashProposer(drafter, target)
+    proposer.max_block_size = manifest.block_size  # the engine's block size is the limit
+    return Pipeline(Generator(target, proposer, stops), LoadedTarget(target, t_cfg, t_dir, tokenizer, stops),
+                    LoadedDrafter(drafter, d_cfg, d_dir))
+
+
+def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,
+                         device: str = "cpu") -> list[Result]:
+    check_device(device)
+    manifest = read_torch_manifest(Path(engine_dir))
+    if dist.is_available() and dist.is_initialized():  # under torchrun: this process is one rank
+        if dist.get_world_size() != manifest.tp_size:
+            raise DFlashError(f"world size {dist.get_world_size()} != the engine's tp_size {manifest.tp_size}")
+        return load_engine(engine_dir, dist.get_rank(), rank_device(device, dist.get_rank())).generator.generate(
+            requests, block_size)
+    if manifest.tp_size == 1:
+        return load_engine(engine_dir, 0, device).generator.generate(requests, block_size)
+    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device)
+
+
+def init_from_torchrun(device: str) -> None:
+    """Join the process group torchrun describes (WORLD_SIZE, RANK, MASTER_ADDR/PORT in the env)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo")
+
+
+def rank_device(device: str, rank: int) -> str:
+    return f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
+
+
+def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device) -> list[Result]:
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(engine_dir), requests, block_size, device,
+                                                  results), daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return _collect(results, procs)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+
+
+def _collect(results, procs) -> list[Result]:
+    waited = 0
+    while True:
+        try:
+            kind, payload = results.get(timeout=1)
+            break
+        except queue.Empty:
+            waited += 1
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead or waited > WORKER_TIMEOUT_S:
+                raise DFlashError(f"a tensor-parallel rank exited with code {dead[0].exitcode if dead else 'timeout'}")
+    if kind == "error":
+        raise DFlashError(payload)
+    return payload
+
+
+def _rank_main(rank, world, port, engine_dir, requests, block_size, device, results) -> None:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world,
+                                init_method=f"tcp://127.0.0.1:{port}")
+        out = load_engine(engine_dir, rank, rank_device(device, rank)).generator.generate(requests, block_size)
+        if rank == 0:
+            results.put(("ok", out))
+    except DFlashError as exc:
+        results.put(("error", str(exc)))
+    except Exception as exc:  # report, do not hang the parent
+        results.put(("error", f"rank {rank}: {type(exc).__name__}: {exc}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

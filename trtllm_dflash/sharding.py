@@ -1,0 +1,74 @@
+"""Split full checkpoints into tensor-parallel rank shards (and back), following `parallel.py`.
+
+A shard holds exactly the tensors, names and shapes of the rank's model built with
+`Parallel(rank, world)`, so loading it is the ordinary name-and-shape-checked assignment.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .config import DecoderConfig
+from .parallel import HeadSplit, padded_vocab
+
+COLUMN = ("q_proj", "gate_proj", "up_proj")  # split output rows
+KV = ("k_proj", "v_proj")  # split (or replicate) by KV head
+ROW = ("o_proj", "down_proj")  # split input columns; bias on rank 0
+VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+
+
+def _kind(name: str) -> str:
+    if name in VOCAB:
+        return "vocab"
+    for group, kinds in (("column", COLUMN), ("kv", KV), ("row", ROW)):
+        if any(f".{k}." in name for k in kinds):
+            return group
+    return "replicated"  # norms, fc, hidden_norm
+
+
+def shard_tensor(name: str, t: torch.Tensor, cfg: DecoderConfig, rank: int, world: int) -> torch.Tensor:
+    if world == 1:
+        return t
+    kind, split = _kind(name), HeadSplit(cfg.num_attention_heads, cfg.num_key_value_heads, world)
+    if kind == "vocab":
+        padded = torch.cat([t, t.new_zeros(padded_vocab(t.shape[0], world) - t.shape[0], *t.shape[1:])])
+        return padded.chunk(world, dim=0)[rank].clone()
+    if kind == "column":
+        return t.chunk(world, dim=0)[rank].clone()
+    if kind == "kv":
+        heads = split.kv_heads_of(rank)
+        d = cfg.head_dim
+        return t[heads.start * d: heads.stop * d].clone()
+    if kind == "row":
+        if name.endswith(".bias"):
+            return t.clone() if rank == 0 else torch.zeros_like(t)
+        return t.chunk(world, dim=1)[rank].clone()
+    return t
+
+
+def shard_state(state: dict[str, torch.Tensor], cfg: DecoderConfig, rank: int, world: int) -> dict[str, torch.Tensor]:
+    return {name: shard_tensor(name, t, cfg, rank, world) for name, t in state.items()}
+
+
+def unshard_state(shards: list[dict[str, torch.Tensor]], cfg: DecoderConfig, vocab_size: int) -> dict[str, torch.Tensor]:
+    """Reassemble rank shards into the full checkpoint (inverse of `shard_state`)."""
+    world = len(shards)
+    if world == 1:
+        return dict(shards[0])
+    split = HeadSplit(cfg.num_attention_heads, cfg.num_key_value_heads, world)
+    full = {}
+    for name in shards[0]:
+        parts = [s[name] for s in shards]
+        kind = _kind(name)
+        if kind == "vocab":
+            full[name] = torch.cat(parts)[:vocab_size]
+        elif kind == "column":
+            full[name] = torch.cat(parts)
+        elif kind == "kv":
+            first_rank = {split.kv_heads_of(r).start: r for r in reversed(range(world))}  # one copy per head
+            full[name] = torch.cat([parts[first_rank[h]] for h in sorted(first_rank)])
+        elif kind == "row":
+            full[name] = parts[0] if name.endswith(".bias") else torch.cat(parts, dim=1)
+        else:
+            full[name] = parts[0]
+    return full
