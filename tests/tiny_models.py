@@ -84,3 +84,14 @@ def write_drafter(path: Path, cfg: dict | None = None, weights: dict | None = No
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     save_file(weights if weights is not None else drafter_weights(cfg, seed), str(path / "model.safetensors"))
     return path
+
+
+def add_tokenizer(path: Path, vocab: int = VOCAB, eos: int = 1) -> Path:
+    """A word-level tokenizer whose tokens are 't0' .. 't{vocab-1}' (text 't5 t6' -> ids 5, 6)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{eos}", unk_token="t0").save_pretrained(str(path))
+    return path
