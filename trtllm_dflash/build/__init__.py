@@ -1,0 +1,1 @@
+"""dflash-build: turn a target + DFlash drafter into a verified engine directory."""

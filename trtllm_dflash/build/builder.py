@@ -1,0 +1,137 @@
+"""Build an engine directory: validate the pair, write into a temporary sibling, rename at the end."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import __version__
+from ..checkpoint import resolve_model_dir, weight_files
+from ..config import DrafterConfig, TargetConfig, read_config_json
+from ..errors import DFlashError
+from ..pairing import check_block_size, validate_pair
+from ..parallel import check_divisible
+from .manifest import Manifest, sha256_json
+from .spec import BuildSpec
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
+
+
+@dataclass
+class BuildPlan:
+    """Everything a backend writer needs, checked before a byte is written."""
+
+    spec: BuildSpec
+    target_dir: Path
+    drafter_dir: Path
+    target: TargetConfig
+    drafter: DrafterConfig
+    target_json: dict
+    drafter_json: dict
+    block_size: int
+    max_seq_len: int
+    final_dir: Path
+
+
+def plan_build(spec: BuildSpec) -> BuildPlan:
+    target_dir, drafter_dir = resolve_model_dir(spec.target), resolve_model_dir(spec.drafter)
+    target_json, drafter_json = read_config_json(target_dir), read_config_json(drafter_dir)
+    target = TargetConfig.from_dict(target_json, str(target_dir / "config.json"))
+    drafter = DrafterConfig.from_dict(drafter_json, str(drafter_dir / "config.json"))
+    validate_pair(target, drafter)
+    block = check_block_size(spec.block_size or drafter.block_size, drafter.block_size)
+    max_seq_len = spec.max_seq_len or target.max_position_embeddings
+    for name, limit in (("target", target.max_position_embeddings), ("drafter", drafter.max_position_embeddings)):
+        if max_seq_len > limit:
+            raise DFlashError(f"max_seq_len {max_seq_len} exceeds the {name}'s max_position_embeddings {limit}")
+    for name, cfg in (("target", target), ("drafter", drafter)):
+        check_divisible(name, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, spec.tp)
+    if not any((target_dir / f).is_file() for f in TOKENIZER_FILES):
+        raise DFlashError(f"the target in {target_dir} has no tokenizer (expected one of tokenizer.json, "
+                          "tokenizer_config.json, tokenizer.model)")
+    weight_files(target_dir), weight_files(drafter_dir)  # present, or a clear error now
+    return BuildPlan(spec, target_dir, drafter_dir, target, drafter, target_json, drafter_json, block, max_seq_len,
+                     Path(spec.output).expanduser().absolute())
+
+
+def build_engine(spec: BuildSpec, command: str) -> Path:
+    """-> the engine directory. Nothing is left behind if any step fails or is interrupted."""
+    plan = plan_build(spec)
+    out = plan.final_dir
+    if out.exists() and not spec.force:
+        raise DFlashError(f"output {out} already exists (use --force to replace it)")
+    parent = prepare_parent(out)
+    check_free_space(parent, estimate_bytes(plan))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=parent))
+    try:
+        details = write_backend(plan, tmp)
+        manifest_for(plan, command, details).write(tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def write_backend(plan: BuildPlan, tmp: Path) -> dict:
+    if plan.spec.backend == "torch":
+        from .torch_engine import write_torch_engine
+
+        return write_torch_engine(plan, tmp)
+    from .trtllm_engine import write_trtllm_engine
+
+    return write_trtllm_engine(plan, tmp)
+
+
+def manifest_for(plan: BuildPlan, command: str, details: dict) -> Manifest:
+    spec = plan.spec
+    return Manifest(
+        backend=spec.backend, target=identity(spec.target, plan.target_json), drafter=identity(spec.drafter, plan.drafter_json),
+        tp_size=spec.tp, dtype=spec.dtype, quantization=spec.quant, block_size=plan.block_size,
+        limits={"max_batch_size": spec.max_batch_size, "max_seq_len": plan.max_seq_len,
+                "max_num_tokens": spec.max_num_tokens},
+        tokenizer=details.pop("tokenizer", None), build_command=command, tool_version=__version__,
+        created_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), backend_details=details)
+
+
+def identity(source: str, config: dict) -> dict:
+    keys = ("model_type", "architectures", "num_hidden_layers", "hidden_size", "vocab_size")
+    return {"source": source, "config_sha256": sha256_json(config), **{k: config.get(k) for k in keys}}
+
+
+def prepare_parent(out: Path) -> Path:
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=parent, prefix=".dflash-write-test-")
+        probe.close()
+    except OSError as exc:
+        raise DFlashError(f"cannot write the engine under {parent}: {exc.strerror or exc}") from None
+    return parent
+
+
+def estimate_bytes(plan: BuildPlan) -> int:
+    """Upper bound of what the build writes: the checkpoints' sizes, doubled for fp32 outputs."""
+    size = sum(f.stat().st_size for d in (plan.target_dir, plan.drafter_dir) for f in weight_files(d))
+    return size * (2 if plan.spec.dtype == "float32" else 1) + (64 << 20)
+
+
+def check_free_space(parent: Path, needed: int) -> None:
+    free = shutil.disk_usage(parent).free
+    if free < needed:
+        raise DFlashError(f"not enough free disk space under {parent}: about {needed / 2**30:.2f} GiB needed, "
+                          f"{free / 2**30:.2f} GiB free")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> list[str]:
+    dst.mkdir(parents=True, exist_ok=True)
+    copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
+    for name in copied:
+        shutil.copy2(src / name, dst / name)
+    return copied

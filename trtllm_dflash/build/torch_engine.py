@@ -1,0 +1,42 @@
+"""The `torch` backend: configs, tokenizer and weights pre-sharded per tensor-parallel rank.
+
+Layout: target/{config.json, generation_config.json, rank<r>.safetensors}, drafter/{config.json,
+rank<r>.safetensors}, tokenizer/. Each rank memory-maps only its own files.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..checkpoint import load_tensors
+from ..loading import DTYPES, check_weights
+from ..models.drafter import DFlashDrafter
+from ..models.target import TargetModel
+from ..sharding import shard_state
+from .builder import BuildPlan, copy_tokenizer
+
+
+def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
+    dtype, tp = DTYPES[plan.spec.dtype], plan.spec.tp
+    roles = (("target", plan.target_dir, plan.target, TargetModel), ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
+    for role, src, cfg, cls in roles:
+        state = load_tensors(src)
+        skip = {"lm_head.weight"} if getattr(cfg, "tie_word_embeddings", False) else set()
+        for name in skip:
+            state.pop(name, None)
+        with torch.device("meta"):
+            check_weights(cls(cfg), state, src, skip)
+        state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
+        out = tmp / role
+        out.mkdir()
+        for name in ("config.json", "generation_config.json"):
+            if (src / name).is_file():
+                shutil.copy2(src / name, out / name)
+        for rank in range(tp):
+            save_file(shard_state(state, cfg, rank, tp), str(out / f"rank{rank}.safetensors"), metadata={"format": "pt"})
+    copy_tokenizer(plan.target_dir, tmp / "tokenizer")
+    return {"tokenizer": "tokenizer", "weights": "<role>/rank<r>.safetensors, one file per tensor-parallel rank"}

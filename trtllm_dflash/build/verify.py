@@ -1,0 +1,86 @@
+"""Re-check an engine directory: checksums, configs, the pair, and every weight file's names and shapes."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import torch
+import yaml
+
+from ..checkpoint import load_tensors, read_safetensors
+from ..config import DrafterConfig, TargetConfig, read_config_json
+from ..errors import DFlashError
+from ..loading import check_weights
+from ..models.drafter import DFlashDrafter
+from ..models.target import TargetModel
+from ..pairing import validate_pair
+from ..parallel import Parallel
+from .manifest import Manifest
+from .trtllm_fields import check_options
+
+OPTIONS = "llm_options.yaml"
+
+
+def verify_engine(engine_dir: str | Path) -> tuple[bool, list[str]]:
+    """-> (ok, report lines). Malformed pieces become report lines, not exceptions."""
+    engine_dir = Path(engine_dir)
+    manifest = Manifest.read(engine_dir)
+    problems = manifest.check_files(engine_dir)
+    lines = [f"checksums: {len(manifest.files)} files intact"] if not problems else [f"FAIL {p}" for p in problems]
+    try:
+        lines += CHECKS[manifest.backend](engine_dir, manifest)
+    except DFlashError as exc:
+        problems.append(str(exc))
+        lines.append(f"FAIL {exc}")
+    lines.append("engine OK" if not problems else f"engine BROKEN ({len(problems)} problem(s))")
+    return not problems, lines
+
+
+def read_configs(target_dir: Path, drafter_dir: Path) -> tuple[TargetConfig, DrafterConfig]:
+    target = TargetConfig.from_dict(read_config_json(target_dir), str(target_dir / "config.json"))
+    drafter = DrafterConfig.from_dict(read_config_json(drafter_dir), str(drafter_dir / "config.json"))
+    validate_pair(target, drafter)
+    return target, drafter
+
+
+def check_torch(engine_dir: Path, manifest: Manifest) -> list[str]:
+    target, drafter = read_configs(engine_dir / "target", engine_dir / "drafter")
+    for rank in range(manifest.tp_size):
+        tp = Parallel(rank, manifest.tp_size)
+        with torch.device("meta"):
+            models = (("target", TargetModel(target, tp)), ("drafter", DFlashDrafter(drafter, tp)))
+        for role, model in models:
+            path = engine_dir / role / f"rank{rank}.safetensors"
+            skip = {"lm_head.weight"} if role == "target" and target.tie_word_embeddings else set()
+            check_weights(model, read_safetensors(path), path, skip)
+    return [f"pair: configs valid and matched; weights of {manifest.tp_size} rank(s) match their shapes"]
+
+
+def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
+    target, drafter = read_configs(engine_dir / "target", engine_dir / "drafter")
+    with torch.device("meta"):
+        check_weights(DFlashDrafter(drafter), load_tensors(engine_dir / "drafter"), engine_dir / "drafter")
+    options = yaml.safe_load((engine_dir / OPTIONS).read_text())
+    check_options(options)
+    lines = ["pair: configs valid and matched; drafter in the published DFlash layout",
+             f"options: {OPTIONS} uses only documented LLM API keys"]
+    return lines + [parse_with_tensorrt_llm(engine_dir, options)]
+
+
+def parse_with_tensorrt_llm(engine_dir: Path, options: dict) -> str:
+    """Build TensorRT-LLM's own argument object from the YAML where tensorrt_llm is importable."""
+    if importlib.util.find_spec("tensorrt_llm") is None:
+        return "skipped: TensorRT-LLM's own argument parsing (tensorrt_llm is not importable here)"
+    try:
+        from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
+
+        TorchLlmArgs(model=str(engine_dir / "target"), **options)
+    except ImportError as exc:
+        return f"skipped: TensorRT-LLM's own argument parsing (import failed: {exc})"
+    except Exception as exc:
+        raise DFlashError(f"TensorRT-LLM rejects {OPTIONS}: {type(exc).__name__}: {exc}") from None
+    return "options: parsed by TensorRT-LLM's TorchLlmArgs"
+
+
+CHECKS = {"torch": check_torch, "trtllm": check_trtllm}
