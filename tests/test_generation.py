@@ -111,3 +111,28 @@ def test_greedy_rows_stay_exact_beside_sampled_rows(builtin):
     assert mixed[1].output_ids == plain.output_ids
     assert all(len(r.output_ids) == 40 for r in mixed)
     assert pipe.generator.generate([]) == []
+
+
+def test_inflight_admission_joins_and_leaves_between_steps(builtin):
+    """Requests join a running batch mid-decode and reuse freed slots; each decodes as if alone."""
+    gen = load_pipeline(*builtin).generator
+    prompts = held_out_prompts(5)
+    requests = [Request(tuple(p[: 4 + 3 * i]), 12 + 6 * i, ignore_eos=True) for i, p in enumerate(prompts)]
+    alone = [gen.generate([r])[0].output_ids for r in requests]
+    gen.allocate(num_slots=3, capacity=128, block=8)
+    first = gen.admit(requests[:1])
+    gen.step(), gen.step()
+    later = gen.admit(requests[1:3])
+    assert {s.slot for s in first + later} == {0, 1, 2} and not gen.slots.free()
+    with pytest.raises(DFlashError, match="1 requests but only 0 free slots"):
+        gen.admit(requests[3:4])
+    done = first + later
+    pending = list(requests[3:])
+    while gen.slots.running or pending:
+        gen.step()
+        while pending and gen.slots.free():
+            done += gen.admit([pending.pop(0)])
+    by_request = {id(s.request): s.result.output_ids for s in done}
+    assert [by_request[id(r)] for r in requests] == alone
+    with pytest.raises(DFlashError, match="exceeds this engine's sequence capacity"):
+        gen.admit([Request((5,), 200)])

@@ -1,16 +1,19 @@
 """The speculative generation loop: prefill, then draft_block -> verify -> accept -> commit.
 
-Requests in a batch decode together, each at its own positions and with its own acceptance.
-Each owns a cache slot; finished requests leave the running set at the next step.
+Requests decode together, each in its own cache slot, at its own positions and with its own
+acceptance. Slots persist across steps, so requests can join between steps (`admit`) and leave
+when finished: `generate()` runs a fixed batch to completion; a server calls `allocate` once, then
+`admit` and `step` as requests arrive (inflight batching).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
+from .errors import DFlashError
 from .models.target import TargetModel, TargetStep
 from .pairing import check_block_size
 from .request import Request, Result
@@ -20,22 +23,28 @@ from .speculative.base import Proposer
 
 
 @dataclass
-class BatchState:
-    """Per-slot decoding state of one generate() call, indexed by slot."""
+class Sequence:
+    """One request being decoded in a cache slot."""
 
-    requests: list[Request]
-    results: list[Result]
-    generators: list[torch.Generator]
-    stops: list[frozenset[int]]
-    starts: torch.Tensor  # [N] committed length = position of the anchor
-    anchors: torch.Tensor  # [N] last committed token, not yet run through the target
-    done: list[bool]
+    request: Request
+    slot: int
+    result: Result
+    generator: torch.Generator
+    stops: frozenset[int]
+    tag: object = None  # the caller's handle (a server's response sender)
+    done: bool = False
 
-    def running(self) -> list[int]:
-        return [i for i, d in enumerate(self.done) if not d]
 
-    def sampling(self, slots: list[int], device) -> SamplingBatch:
-        return SamplingBatch.of([self.requests[i].sampling for i in slots], [self.generators[i] for i in slots], device)
+@dataclass
+class Slots:
+    """Per-slot device state: the anchor is the last committed token, at position `starts`."""
+
+    starts: torch.Tensor  # [S] long, committed length
+    anchors: torch.Tensor  # [S] long
+    running: dict[int, Sequence] = field(default_factory=dict)
+
+    def free(self) -> list[int]:
+        return [s for s in range(len(self.starts)) if s not in self.running]
 
 
 class Generator:
@@ -43,57 +52,88 @@ class Generator:
         self.target, self.proposer = target, proposer
         self.default_stop_ids = default_stop_ids
         self.device = target.lm_head.weight.device
-        self.cache = None  # the target's KV cache, allocated per generate() call
+        self.cache = None  # the target's KV cache [L, S, H_kv, capacity, D]
+        self.slots: Slots | None = None
+        self.block = proposer.max_block_size
+        self.capacity = 0
 
     @torch.inference_mode()
     def generate(self, requests: list[Request], block_size: int | None = None) -> list[Result]:
-        block = check_block_size(self.proposer.max_block_size if block_size is None else block_size,
-                                 self.proposer.max_block_size)
+        """Decode a fixed batch to completion."""
         if not requests:
             return []
-        cfg = self.target.config
-        for r in requests:
-            r.validate(cfg.vocab_size, cfg.max_position_embeddings)
-        state = self.prefill(requests, block)
-        while True:
-            slots = state.running()
-            if not slots:
-                return state.results
-            self.step(state, slots, block)
+        block = self.check_block(block_size)
+        capacity = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + block + 1
+        self.allocate(len(requests), capacity, block)
+        sequences = self.admit(requests)
+        while self.slots.running:
+            self.step()
+        return [s.result for s in sequences]
 
-    def prefill(self, requests: list[Request], block: int) -> BatchState:
+    def check_block(self, block_size: int | None) -> int:
+        trained = self.proposer.max_block_size
+        return check_block_size(trained if block_size is None else block_size, trained)
+
+    def allocate(self, num_slots: int, capacity: int, block: int) -> None:
+        """Caches for `num_slots` sequences of up to `capacity` positions (prompt + output + block)."""
+        self.cache = self.target.new_cache(num_slots, capacity)
+        self.proposer.allocate(num_slots, capacity)
+        zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone()), block, capacity
+
+    def validate(self, request: Request) -> None:
+        cfg = self.target.config
+        request.validate(cfg.vocab_size, cfg.max_position_embeddings)
+        need = len(request.prompt_ids) + request.max_new_tokens + self.block + 1
+        if need > self.capacity:
+            raise DFlashError(f"prompt length {len(request.prompt_ids)} + max_new_tokens {request.max_new_tokens} "
+                              f"exceeds this engine's sequence capacity {self.capacity - self.block - 1}")
+
+    @torch.inference_mode()
+    def admit(self, requests: list[Request], tags: list | None = None) -> list[Sequence]:
+        """Prefill new requests into free slots (one batched pass); they decode from the next step."""
+        for r in requests:
+            self.validate(r)
+        free = self.slots.free()
+        if len(requests) > len(free):
+            raise DFlashError(f"{len(requests)} requests but only {len(free)} free slots")
         start = time.perf_counter()
-        n, longest = len(requests), max(len(r.prompt_ids) for r in requests)
-        capacity = longest + max(r.max_new_tokens for r in requests) + block + 1
-        self.cache = self.target.new_cache(n, capacity)
-        self.proposer.allocate(n, capacity)
+        slots = free[: len(requests)]
+        sequences = [self.new_sequence(r, s, start, tag) for r, s, tag in zip(requests, slots, tags or [None] * len(requests))]
+        first = self.prefill(sequences)
+        now = time.perf_counter()
+        for seq, token in zip(sequences, first.tolist()):
+            self.slots.running[seq.slot] = seq
+            seq.result.first_token_s = now
+            self.emit(seq, [token], now)
+        return sequences
+
+    def new_sequence(self, request: Request, slot: int, start: float, tag) -> Sequence:
+        stops = request.stop_ids if request.stop_ids is not None else self.default_stop_ids
+        return Sequence(request, slot, Result(prompt_tokens=len(request.prompt_ids), start_s=start),
+                        request.sampling.generator(), frozenset() if request.ignore_eos else frozenset(stops), tag)
+
+    def prefill(self, sequences: list[Sequence]) -> torch.Tensor:
+        """Run the prompts (right-padded) through the target; -> each one's first token [N]."""
+        n, longest = len(sequences), max(len(s.request.prompt_ids) for s in sequences)
         ids = torch.zeros((n, longest), dtype=torch.long)
-        for i, r in enumerate(requests):
-            ids[i, : len(r.prompt_ids)] = torch.tensor(r.prompt_ids)
-        ids = ids.to(self.device)
+        for i, s in enumerate(sequences):
+            ids[i, : len(s.request.prompt_ids)] = torch.tensor(s.request.prompt_ids)
         # Right padding: a padded row writes junk K/V past its prompt, beyond its valid length.
         positions = torch.arange(longest, device=self.device).expand(n, -1)
-        slots = torch.arange(n, device=self.device)
-        hidden, features = self.target(TargetStep(ids, positions, slots, self.cache, self.proposer.capture_layer_ids))
-        lengths = torch.tensor([len(r.prompt_ids) for r in requests], device=self.device)
+        slots = torch.tensor([s.slot for s in sequences], device=self.device)
+        hidden, features = self.target(TargetStep(ids.to(self.device), positions, slots, self.cache,
+                                                  self.proposer.capture_layer_ids))
+        lengths = torch.tensor([len(s.request.prompt_ids) for s in sequences], device=self.device)
         last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
-        state = self.new_state(requests, lengths, start)
-        sampling = state.sampling(list(range(n)), self.device)
-        first = self.first_tokens(self.target.logits(last[:, None]), sampling)
+        first = self.first_tokens(self.target.logits(last[:, None]), self.sampling(sequences))
         self.proposer.commit(slots, features, positions)
-        state.anchors = first
-        now = time.perf_counter()
-        for i, token in enumerate(first.tolist()):
-            state.results[i].first_token_s = now
-            self.emit(state, i, [token], now)
-        return state
+        self.slots.starts[slots] = lengths
+        self.slots.anchors[slots] = first
+        return first
 
-    def new_state(self, requests: list[Request], lengths: torch.Tensor, start: float) -> BatchState:
-        stops = [frozenset() if r.ignore_eos else frozenset(self.default_stop_ids if r.stop_ids is None else r.stop_ids)
-                 for r in requests]
-        results = [Result(prompt_tokens=len(r.prompt_ids), start_s=start) for r in requests]
-        return BatchState(requests, results, [r.sampling.generator() for r in requests], stops,
-                          starts=lengths.clone(), anchors=lengths.clone(), done=[False] * len(requests))
+    def sampling(self, sequences: list[Sequence]) -> SamplingBatch:
+        return SamplingBatch.of([s.request.sampling for s in sequences], [s.generator for s in sequences], self.device)
 
     @staticmethod
     def first_tokens(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
@@ -102,34 +142,41 @@ class Generator:
             return logits[:, 0].argmax(-1)
         return sample_rows(token_probs(logits, sampling), sampling.generators)[:, 0]
 
-    def step(self, state: BatchState, running: list[int], block: int) -> None:
-        """One speculative step for the running slots: draft a block, verify it, accept a prefix."""
-        slots = torch.tensor(running, device=self.device)
-        starts, anchors = state.starts[slots], state.anchors[slots]
-        sampling = state.sampling(running, self.device)
-        drafts, draft_probs = self.proposer.propose(slots, anchors, starts, block, sampling)
+    @torch.inference_mode()
+    def step(self) -> list[Sequence]:
+        """One speculative step for every running sequence: draft a block, verify it, accept a prefix.
+
+        -> the sequences that ran (finished ones have `done` set and have left their slots)."""
+        running = list(self.slots.running.values())
+        if not running:
+            return []
+        slots = torch.tensor([s.slot for s in running], device=self.device)
+        starts, anchors = self.slots.starts[slots], self.slots.anchors[slots]
+        sampling = self.sampling(running)
+        drafts, draft_probs = self.proposer.propose(slots, anchors, starts, self.block, sampling)
         tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, K]
         positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
         hidden, features = self.target(TargetStep(tokens, positions, slots, self.cache, self.proposer.capture_layer_ids))
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), sampling)
         self.proposer.commit(slots, features, positions)
-        state.starts[slots] = starts + num_accepted + 1
-        state.anchors[slots] = bonus
+        self.slots.starts[slots] = starts + num_accepted + 1
+        self.slots.anchors[slots] = bonus
         now = time.perf_counter()
         drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
-        for row, (i, a) in enumerate(zip(running, accepted)):
-            new = drafted[row][:a] + [bonuses[row]]
-            state.results[i].drafted_tokens += drafts.shape[1]
-            state.results[i].accepted_tokens += a
-            state.results[i].acceptance_lengths.append(self.emit(state, i, new, now))
+        for row, (seq, a) in enumerate(zip(running, accepted)):
+            seq.result.drafted_tokens += drafts.shape[1]
+            seq.result.accepted_tokens += a
+            seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
+        return running
 
-    def emit(self, state: BatchState, i: int, tokens: list[int], now: float) -> int:
-        """Append tokens to request i up to its stop token or length limit; -> tokens kept."""
-        result, request = state.results[i], state.requests[i]
-        room = request.max_new_tokens - len(result.output_ids)
-        kept = tokens[:room]
+    def emit(self, seq: Sequence, tokens: list[int], now: float) -> int:
+        """Append tokens up to the stop token or length limit; a finished sequence frees its slot.
+
+        -> tokens kept."""
+        result, request = seq.result, seq.request
+        kept = tokens[: request.max_new_tokens - len(result.output_ids)]
         for j, token in enumerate(kept):
-            if token in state.stops[i]:
+            if token in seq.stops:
                 kept = kept[: j + 1]
                 result.finish_reason = "stop"
                 break
@@ -137,6 +184,13 @@ class Generator:
         if not result.finish_reason and len(result.output_ids) >= request.max_new_tokens:
             result.finish_reason = "length"
         if result.finish_reason:
-            state.done[i] = True
-            result.finish_s = now
+            self.finish(seq, now)
         return len(kept)
+
+    def finish(self, seq: Sequence, now: float, reason: str | None = None) -> None:
+        """Leave the slot (also for a cancelled request, with `reason`)."""
+        if reason:
+            seq.result.finish_reason = reason
+        seq.done = True
+        seq.result.finish_s = now
+        self.slots.running.pop(seq.slot, None)
