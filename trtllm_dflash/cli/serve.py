@@ -1,0 +1,60 @@
+"""dflash-serve: write a Triton model repository for an engine and run tritonserver on it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .common import run_cli
+
+PROG = "dflash-serve"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description="Serve an engine directory with Triton Inference Server.")
+    p.add_argument("engine_dir")
+    p.add_argument("--model-repo", default="triton_repo", help="where to write the model repository")
+    p.add_argument("--model-name", default="dflash")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=8001)
+    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--max-batch-size", type=int, help="running batch (default: the engine's)")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors")
+    p.add_argument("--write-only", action="store_true", help="write the repository and exit")
+    return p
+
+
+def run(argv: list[str] | None) -> int:
+    from ..build.manifest import Manifest
+    from ..errors import DFlashError
+    from ..serve.locate import find_tritonserver
+    from ..serve.repository import ServeSettings, write_repository
+    from ..serve.server import Endpoints, run_foreground
+
+    args = parser().parse_args(argv)
+    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue)
+    repo = Path(args.model_repo).absolute()
+    model_dir = write_repository(Path(args.engine_dir), repo, settings)
+    print(f"model repository: {repo} (model '{args.model_name}')", file=sys.stderr)
+    if args.write_only:
+        return 0
+    if Manifest.read(Path(args.engine_dir)).backend == "trtllm" and not (model_dir / "1" / "model.py").exists():
+        raise DFlashError("a trtllm engine is served by TensorRT-LLM's llmapi model.py: run inside the "
+                          "tritonserver trtllm container with the launch script (dflash-serve --write-only writes "
+                          "the repository)")
+    install = find_tritonserver(repo.parent / ".dflash-triton")
+    print(f"tritonserver: {install.binary} (from the {install.origin})", file=sys.stderr)
+    ends = Endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)
+    print(f"serving on {ends.http_url} (gRPC :{ends.grpc_port}, metrics {ends.metrics_url}); Ctrl-C stops",
+          file=sys.stderr)
+    return run_foreground(install, repo, ends)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_cli(PROG, lambda: run(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

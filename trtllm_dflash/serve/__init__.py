@@ -1,0 +1,1 @@
+"""dflash-serve: Triton Inference Server deployments of engine directories."""

@@ -1,0 +1,204 @@
+"""The serving loop behind the Triton model: a queue, inflight batching, streamed text, counters.
+
+Free of Triton so it can be tested with fake responders. One background thread owns the
+generator: between steps it admits queued requests into free slots, after each step it sends
+every request its new text (streaming) or its whole answer (when finished).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..errors import DFlashError
+from ..generator import Generator, Sequence
+from ..request import Request
+
+STEP_IDLE_S = 0.005  # how long the loop sleeps when nothing is queued or running
+
+
+class Responder(Protocol):
+    """Where one request's responses go (a Triton response sender, or a test fake)."""
+
+    def send(self, outputs: dict, final: bool) -> None: ...
+    def error(self, message: str) -> None: ...
+    def cancelled(self) -> bool: ...
+
+
+@dataclass
+class ServeRequest:
+    request: Request
+    prompt_text: str
+    streaming: bool
+    exclude_input: bool
+    stop_strings: tuple[str, ...]
+    responder: Responder
+    arrival_ns: int = field(default_factory=time.time_ns)
+    sent_text: str = ""  # streamed so far (generated text only)
+    first_token_ns: int = 0
+
+
+@dataclass
+class Counters:
+    """Monotonic totals and current gauges, exported as Prometheus metrics by the Triton model."""
+
+    requests: int = 0
+    failed: int = 0
+    generated_tokens: int = 0
+    draft_steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
+    running: int = 0
+    queued: int = 0
+
+
+class ServingLoop:
+    def __init__(self, generator: Generator, tokenizer, max_batch_size: int, max_seq_len: int, max_queue: int,
+                 on_update=None):
+        self.generator, self.tokenizer = generator, tokenizer
+        self.max_queue = max_queue
+        self.pending: queue.Queue[ServeRequest] = queue.Queue()
+        self.counters = Counters()
+        self.on_update = on_update or (lambda counters, delta: None)
+        generator.allocate(max_batch_size, max_seq_len, generator.block)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self.run, name="dflash-serving-loop", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, req: ServeRequest) -> None:
+        """Queue a validated request, or answer at once when it cannot be served."""
+        try:
+            self.generator.validate(req.request)
+        except DFlashError as exc:
+            return self.reject(req, str(exc))
+        if self.pending.qsize() >= self.max_queue:
+            return self.reject(req, f"overloaded: {self.pending.qsize()} requests already waiting "
+                                    f"(max queue {self.max_queue}); retry later")
+        self.pending.put(req)
+
+    def reject(self, req: ServeRequest, message: str) -> None:
+        self.count(failed=1)
+        req.responder.error(message)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Cancel everything in flight and queued, then end the thread."""
+        self.stopping.set()
+        self.thread.join(timeout)
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                self.iterate()
+            except Exception as exc:  # keep serving: fail the requests in flight, not the server
+                self.fail_running(f"internal error: {type(exc).__name__}: {exc}")
+        self.shutdown()
+
+    def iterate(self) -> None:
+        self.admit()
+        if not self.generator.slots.running:
+            time.sleep(STEP_IDLE_S)
+            return
+        self.drop_cancelled()
+        for seq in self.generator.step():
+            self.respond(seq)
+
+    def fail_running(self, message: str) -> None:
+        for seq in list(self.generator.slots.running.values()):
+            self.generator.finish(seq, time.perf_counter(), reason="error")
+            seq.tag.responder.error(message)
+            self.counters.failed += 1
+
+    def admit(self) -> None:
+        free = len(self.generator.slots.free())
+        batch = []
+        while len(batch) < free:
+            try:
+                batch.append(self.pending.get_nowait())
+            except queue.Empty:
+                break
+        if not batch:
+            return self.publish()
+        try:
+            sequences = self.generator.admit([r.request for r in batch], tags=batch)
+        except DFlashError as exc:  # validated at submit; only a changed engine state gets here
+            for r in batch:
+                self.reject(r, str(exc))
+            return
+        self.count(requests=len(batch))
+        for seq in sequences:
+            seq.tag.first_token_ns = time.time_ns()
+            self.respond(seq)
+
+    def drop_cancelled(self) -> None:
+        """A client that went away frees its slot now."""
+        for seq in list(self.generator.slots.running.values()):
+            if seq.tag.responder.cancelled():
+                self.generator.finish(seq, time.perf_counter(), reason="cancelled")
+                self.count(failed=1)
+
+    def respond(self, seq: Sequence) -> None:
+        req: ServeRequest = seq.tag
+        text = self.tokenizer.decode(seq.result.output_ids)
+        cut = first_stop(text, req.stop_strings)
+        if cut is not None and not seq.done:
+            self.generator.finish(seq, time.perf_counter(), reason="stop")
+        if cut is not None:
+            text = text[:cut]
+        if seq.done:
+            self.finished(seq, text)
+        elif req.streaming:
+            stable = text[: len(text.rstrip("\ufffd"))]  # hold back a partial UTF-8 character
+            if len(stable) > len(req.sent_text):
+                delta = stable[len(req.sent_text):]
+                req.responder.send({"text_output": self.with_prompt(req, delta)}, final=False)
+                req.sent_text = stable
+        self.publish()
+
+    def with_prompt(self, req: ServeRequest, text: str) -> str:
+        """TensorRT-LLM's llmapi model includes the prompt unless told not to (once, when streaming)."""
+        first = not req.streaming or not req.sent_text
+        return req.prompt_text + text if first and not req.exclude_input else text
+
+    def finished(self, seq: Sequence, text: str) -> None:
+        req, result = seq.tag, seq.result
+        body = text[len(req.sent_text):] if req.streaming else text
+        steps = len(result.acceptance_lengths)
+        outputs = {
+            "text_output": self.with_prompt(req, body),
+            "finish_reason": result.finish_reason,
+            "num_output_tokens": len(result.output_ids),
+            "total_accepted_draft_tokens": result.accepted_tokens,
+            "total_draft_tokens": result.drafted_tokens,
+            "acceptance_rate": result.accepted_tokens / result.drafted_tokens if result.drafted_tokens else 0.0,
+            "arrival_time_ns": req.arrival_ns,
+            "first_token_time_ns": req.first_token_ns,
+            "last_token_time_ns": time.time_ns(),
+        }
+        self.count(generated_tokens=len(result.output_ids), draft_steps=steps * bool(result.drafted_tokens),
+                    drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens)
+        req.responder.send(outputs, final=True)
+
+    def count(self, **delta: int) -> None:
+        for key, value in delta.items():
+            setattr(self.counters, key, getattr(self.counters, key) + value)
+        self.on_update(self.counters, delta)
+
+    def publish(self) -> None:
+        self.counters.running = len(self.generator.slots.running)
+        self.counters.queued = self.pending.qsize()
+        self.on_update(self.counters, {})
+
+    def shutdown(self) -> None:
+        self.fail_running("server shutting down: request cancelled")
+        while not self.pending.empty():
+            self.pending.get_nowait().responder.error("server shutting down: request cancelled")
+
+
+def first_stop(text: str, stops: tuple[str, ...]) -> int | None:
+    hits = [i for i in (text.find(s) for s in stops if s) if i >= 0]
+    return min(hits) if hits else None

@@ -1,0 +1,104 @@
+"""Write a Triton model repository for an engine; every config.pbtxt is built and re-parsed with
+Triton's own `ModelConfig` protobuf (shipped in tritonclient), so it is valid by construction.
+
+torch engines: <repo>/<model>/config.pbtxt + 1/model.py (a one-line import of our Python model).
+trtllm engines: TensorRT-LLM's `llmapi` layout: config.pbtxt + 1/model.yaml (the engine's LLM API
+options plus `triton_config`); 1/model.py is TensorRT-LLM's own, copied in by the launch script.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from ..build.manifest import Manifest
+from ..errors import DFlashError
+
+# (name, Triton type, dims, optional) of TensorRT-LLM's llmapi model, plus our two extensions
+INPUTS = [
+    ("text_input", "TYPE_STRING", [-1], False), ("streaming", "TYPE_BOOL", [1], True),
+    ("sampling_param_max_tokens", "TYPE_INT32", [1], True), ("sampling_param_temperature", "TYPE_FP32", [1], True),
+    ("sampling_param_top_k", "TYPE_INT32", [1], True), ("sampling_param_top_p", "TYPE_FP32", [1], True),
+    ("sampling_param_seed", "TYPE_UINT64", [1], True), ("sampling_param_stop", "TYPE_STRING", [-1], True),
+    ("sampling_param_exclude_input_from_output", "TYPE_BOOL", [1], True),
+    ("sampling_param_return_perf_metrics", "TYPE_BOOL", [1], True), ("return_finish_reason", "TYPE_BOOL", [1], True),
+]
+OUTPUTS = [
+    ("text_output", "TYPE_STRING", [-1]), ("finish_reason", "TYPE_STRING", [-1]),
+    ("acceptance_rate", "TYPE_FP32", [1]), ("total_accepted_draft_tokens", "TYPE_INT32", [1]),
+    ("total_draft_tokens", "TYPE_INT32", [1]), ("arrival_time_ns", "TYPE_INT64", [1]),
+    ("first_token_time_ns", "TYPE_INT64", [1]), ("last_token_time_ns", "TYPE_INT64", [1]),
+]
+TORCH_EXTRA_INPUTS = [("sampling_param_ignore_eos", "TYPE_BOOL", [1], True)]
+TORCH_EXTRA_OUTPUTS = [("num_output_tokens", "TYPE_INT32", [1])]
+MODEL_PY = "# Written by dflash-serve.\nfrom trtllm_dflash.serve.triton_model import TritonPythonModel  # noqa: F401\n"
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    model_name: str = "dflash"
+    max_batch_size: int | None = None  # default: the engine's
+    max_queue: int = 256
+
+    def __post_init__(self):
+        if not self.model_name or "/" in self.model_name:
+            raise DFlashError(f"invalid model name {self.model_name!r}")
+        for name in ("max_batch_size", "max_queue"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise DFlashError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+
+def model_config(name: str, inputs, outputs, parameters: dict[str, str]):
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    config = mc.ModelConfig(name=name, backend="python", max_batch_size=0)
+    config.model_transaction_policy.decoupled = True
+    for n, t, dims, optional in inputs:
+        config.input.add(name=n, data_type=mc.DataType.Value(t), dims=dims, optional=optional)
+    for n, t, dims in outputs:
+        config.output.add(name=n, data_type=mc.DataType.Value(t), dims=dims)
+    config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    for key, value in parameters.items():
+        config.parameters[key].string_value = str(value)
+    return config
+
+
+def validate_pbtxt(text: str):
+    """Parse with Triton's ModelConfig schema; -> the message. Unknown fields or types raise."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2 as mc
+
+    return text_format.Parse(text, mc.ModelConfig())
+
+
+def write_pbtxt(path: Path, config) -> None:
+    from google.protobuf import text_format
+
+    text = text_format.MessageToString(config)
+    validate_pbtxt(text)
+    path.write_text(text)
+
+
+def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> Path:
+    """-> the model directory inside `repo`."""
+    engine_dir = Path(engine_dir).absolute()
+    manifest = Manifest.read(engine_dir)
+    model_dir = Path(repo) / settings.model_name
+    (model_dir / "1").mkdir(parents=True, exist_ok=True)
+    batch = settings.max_batch_size or manifest.limits["max_batch_size"]
+    if manifest.backend == "torch":
+        params = {"engine_dir": engine_dir, "max_batch_size": batch, "max_queue": settings.max_queue,
+                  "max_seq_len": manifest.limits["max_seq_len"]}
+        write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
+                                                             OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
+        (model_dir / "1" / "model.py").write_text(MODEL_PY)
+    else:
+        write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS, OUTPUTS, {}))
+        options = yaml.safe_load((engine_dir / manifest.backend_details["options"]).read_text())
+        options = {"model": str(engine_dir / "target"), **options, "max_batch_size": batch,
+                   "triton_config": {"max_batch_size": 0, "decoupled": True}}
+        (model_dir / "1" / "model.yaml").write_text(yaml.safe_dump(options, sort_keys=False))
+    return model_dir

@@ -1,0 +1,132 @@
+"""The decoupled Triton Python-backend model for `torch` engines (imported by the repository's model.py).
+
+Request/response tensors carry the names of TensorRT-LLM's Triton `llmapi` model, so one client
+serves both kinds of deployment. Extensions: `sampling_param_ignore_eos` (BOOL, load tests) and
+the `num_output_tokens` output.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import triton_python_backend_utils as pb_utils  # provided by the Triton Python backend
+
+from ..engine import load_engine
+from ..errors import DFlashError
+from ..request import Request
+from ..sampling import SamplingParams
+from .loop import Counters, ServeRequest, ServingLoop
+
+DEFAULT_MAX_TOKENS = 32  # TensorRT-LLM's SamplingParams default
+OUTPUT_TYPES = {
+    "text_output": np.object_, "finish_reason": np.object_, "num_output_tokens": np.int32,
+    "total_accepted_draft_tokens": np.int32, "total_draft_tokens": np.int32, "acceptance_rate": np.float32,
+    "arrival_time_ns": np.int64, "first_token_time_ns": np.int64, "last_token_time_ns": np.int64,
+}
+COUNTERS = {  # Counters field -> (metric name, description)
+    "requests": ("dflash_requests_total", "requests admitted"),
+    "failed": ("dflash_failed_requests_total", "requests rejected, cancelled or failed"),
+    "generated_tokens": ("dflash_generated_tokens_total", "output tokens of finished requests"),
+    "draft_steps": ("dflash_draft_steps_total", "verify steps that carried drafts"),
+    "drafted_tokens": ("dflash_drafted_tokens_total", "draft tokens proposed to the target"),
+    "accepted_tokens": ("dflash_accepted_tokens_total", "draft tokens the target accepted"),
+}
+GAUGES = {"running": ("dflash_running_requests", "requests in the running batch"),
+          "queued": ("dflash_queued_requests", "requests waiting for a slot")}
+
+
+class TritonResponder:
+    def __init__(self, sender, wanted: set[str] | None):
+        self.sender, self.wanted = sender, wanted
+
+    def send(self, outputs: dict, final: bool) -> None:
+        tensors = [pb_utils.Tensor(name, np.array([value], dtype=OUTPUT_TYPES[name]))
+                   for name, value in outputs.items() if self.wanted is None or name in self.wanted]
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        self.sender.send(pb_utils.InferenceResponse(output_tensors=tensors), flags=flags)
+
+    def error(self, message: str) -> None:
+        self.sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(message)),
+                         flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def cancelled(self) -> bool:
+        return self.sender.is_cancelled()
+
+
+def scalar(request, name: str, default=None):
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return default
+    values = tensor.as_numpy().reshape(-1)
+    if values.size == 0:
+        return default
+    value = values[0]
+    return value.decode("utf-8") if isinstance(value, bytes) else value.item()
+
+
+def strings(request, name: str) -> tuple[str, ...]:
+    tensor = pb_utils.get_input_tensor_by_name(request, name)
+    if tensor is None:
+        return ()
+    return tuple(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1))
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        pipeline = load_engine(params["engine_dir"])
+        self.tokenizer = pipeline.tokenizer
+        self.max_tokens_limit = int(params["max_seq_len"])
+        self.metrics = self.make_metrics()
+        self.loop = ServingLoop(pipeline.generator, self.tokenizer, int(params["max_batch_size"]),
+                                int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics)
+        self.loop.start()
+
+    def make_metrics(self) -> dict:
+        metrics, self.families = {}, []  # a family must outlive its metrics
+        for table, kind in ((COUNTERS, pb_utils.MetricFamily.COUNTER), (GAUGES, pb_utils.MetricFamily.GAUGE)):
+            for field, (name, text) in table.items():
+                family = pb_utils.MetricFamily(name=name, description=text, kind=kind)
+                self.families.append(family)
+                metrics[field] = family.Metric(labels={})
+        return metrics
+
+    def update_metrics(self, counters: Counters, delta: dict) -> None:
+        for field, amount in delta.items():
+            if amount:
+                self.metrics[field].increment(amount)
+        for field in GAUGES:
+            self.metrics[field].set(getattr(counters, field))
+
+    def execute(self, requests):
+        for request in requests:
+            responder = TritonResponder(request.get_response_sender(), set(request.requested_output_names()) or None)
+            try:
+                self.loop.submit(self.parse(request, responder))
+            except DFlashError as exc:
+                self.loop.reject(ServeRequest(None, "", False, False, (), responder), str(exc))
+        return None
+
+    def parse(self, request, responder) -> ServeRequest:
+        text = scalar(request, "text_input")
+        if text is None:
+            raise DFlashError("missing input 'text_input'")
+        if not text:
+            raise DFlashError("empty prompt: 'text_input' is an empty string")
+        max_tokens = scalar(request, "sampling_param_max_tokens", DEFAULT_MAX_TOKENS)
+        if not 0 < max_tokens <= self.max_tokens_limit:
+            raise DFlashError(f"sampling_param_max_tokens must be in 1..{self.max_tokens_limit}, got {max_tokens}")
+        sampling = SamplingParams(temperature=float(scalar(request, "sampling_param_temperature", 0.0)),
+                                  top_p=float(scalar(request, "sampling_param_top_p", 1.0)),
+                                  top_k=int(scalar(request, "sampling_param_top_k", 0)),
+                                  seed=scalar(request, "sampling_param_seed"))
+        ids = tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        req = Request(ids, int(max_tokens), sampling, ignore_eos=bool(scalar(request, "sampling_param_ignore_eos", False)))
+        return ServeRequest(req, text, bool(scalar(request, "streaming", False)),
+                            bool(scalar(request, "sampling_param_exclude_input_from_output", False)),
+                            strings(request, "sampling_param_stop"), responder)
+
+    def finalize(self):
+        self.loop.stop()
