@@ -1,6 +1,7 @@
 # Two entry points, both from nothing: `make demo` (the main job) and `make test` (the suite).
 # TORCH pins the CPU wheel for this set-up only; the package itself accepts any torch >= 2.5
-# (on a GPU machine: make demo TORCH=torch).
+# (on a GPU machine: make demo TORCH=torch). numpy<2: the Python backend of the CPU-capable
+# tritonserver in nvidia-pytriton (installed --no-deps: its metadata pins old packages) needs it.
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
@@ -10,8 +11,9 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH)"
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q "$(TORCH)" "numpy<2"
+	$(PY) -m pip install -q -e ".[test]" "numpy<2"
+	$(PY) -m pip install -q --no-deps nvidia-pytriton==0.7.0
 	touch $@
 
 demo: $(VENV)/.installed

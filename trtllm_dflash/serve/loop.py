@@ -135,11 +135,16 @@ class ServingLoop:
             self.respond(seq)
 
     def drop_cancelled(self) -> None:
-        """A client that went away frees its slot now."""
+        """A client that went away frees its slot now; its request still gets a final response,
+        which is what tells Triton the request is over."""
         for seq in list(self.generator.slots.running.values()):
             if seq.tag.responder.cancelled():
                 self.generator.finish(seq, time.perf_counter(), reason="cancelled")
                 self.count(failed=1)
+                try:
+                    seq.tag.responder.error("request cancelled by the client")
+                except Exception:  # the connection is gone; Triton may refuse the send
+                    pass
 
     def respond(self, seq: Sequence) -> None:
         req: ServeRequest = seq.tag

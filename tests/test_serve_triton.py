@@ -1,0 +1,204 @@
+"""The real tritonserver (nvidia-pytriton's build) on loopback, serving a tiny torch engine."""
+
+import json
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from trtllm_dflash.builtin import held_out_prompts
+from trtllm_dflash.engine import free_port
+
+pytest.importorskip("tritonclient")
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def server(builtin, tmp_path_factory):
+    from trtllm_dflash.build.builder import build_engine
+    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.serve.locate import find_tritonserver
+    from trtllm_dflash.serve.repository import ServeSettings, write_repository
+    from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
+
+    root = tmp_path_factory.mktemp("serve")
+    engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(root / "engine"), dtype="float32",
+                                    max_batch_size=16, max_seq_len=512), "test")
+    write_repository(engine, root / "repo", ServeSettings("dflash", max_queue=64))
+    ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    log = open(root / "server.log", "w")
+    proc = start_server(find_tritonserver(root / "triton"), root / "repo", ends, log)
+    try:
+        wait_ready(proc, ends, timeout=240)
+    except Exception:
+        stop_server(proc, grace=5)
+        raise AssertionError((root / "server.log").read_text()[-3000:])
+    yield {"proc": proc, "ends": ends, "engine": engine, "log": root / "server.log"}
+    code = stop_server(proc)
+    assert code == 0, (root / "server.log").read_text()[-2000:]
+
+
+def post(server, path: str, body: dict, timeout: float = 120) -> dict:
+    req = urllib.request.Request(f"{server['ends'].http_url}/v2/models/dflash/{path}", json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read())
+
+
+def stream(server, body: dict, timeout: float = 120) -> list[dict]:
+    req = urllib.request.Request(f"{server['ends'].http_url}/v2/models/dflash/generate_stream",
+                                 json.dumps({**body, "streaming": True}).encode())
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+
+
+def metrics(server) -> dict[str, float]:
+    with urllib.request.urlopen(server["ends"].metrics_url, timeout=10) as r:
+        rows = [line.split() for line in r.read().decode().splitlines() if line.startswith("dflash_")]
+    return {name: float(value) for name, value in rows}
+
+
+def text_prompt(i: int) -> str:
+    return bytes(held_out_prompts(i + 1)[i]).decode()
+
+
+def body(prompt: str, **extra) -> dict:
+    return {"text_input": prompt, "sampling_param_max_tokens": MAX_NEW, "sampling_param_ignore_eos": True, **extra}
+
+
+def test_generate_equals_dflash_generate(server):
+    prompt = text_prompt(0)
+    out = subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.generate", "--engine", str(server["engine"]),
+                          "--prompt", prompt, "--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--json"],
+                         capture_output=True, text=True, check=True)
+    expected = json.loads(out.stdout)
+    reply = post(server, "generate", body(prompt))
+    assert reply["text_output"] == prompt + expected["text"]  # the prompt is included by default
+    assert reply["num_output_tokens"] == MAX_NEW and reply["finish_reason"] == "length"
+    assert reply["total_draft_tokens"] == 7 * len(expected["acceptance_lengths"])
+    excluded = post(server, "generate", body(prompt, sampling_param_exclude_input_from_output=True))
+    assert excluded["text_output"] == expected["text"]
+    assert reply["arrival_time_ns"] <= reply["first_token_time_ns"] <= reply["last_token_time_ns"]
+
+
+def test_http_stream_concatenates_to_the_full_text(server):
+    prompt = text_prompt(1)
+    full = post(server, "generate", body(prompt))["text_output"]
+    events = stream(server, body(prompt))
+    assert len(events) > 1 and "".join(e["text_output"] for e in events) == full
+    assert events[-1]["finish_reason"] == "length" and "finish_reason" not in events[0]
+
+
+def test_grpc_stream_concatenates_to_the_full_text(server):
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    prompt = text_prompt(2)
+    full = post(server, "generate", body(prompt))["text_output"]
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server['ends'].grpc_port}")
+    chunks, done = [], threading.Event()
+
+    def callback(result, error):
+        if error is not None:
+            chunks.append(error)
+            done.set()
+            return
+        chunks.append(result.as_numpy("text_output")[0].decode())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    def tensor(name, value, dtype, triton_type):
+        t = grpcclient.InferInput(name, [1], triton_type)
+        t.set_data_from_numpy(np.array([value], dtype=dtype))
+        return t
+
+    inputs = [tensor("text_input", prompt.encode(), np.object_, "BYTES"), tensor("streaming", True, bool, "BOOL"),
+              tensor("sampling_param_max_tokens", MAX_NEW, np.int32, "INT32"),
+              tensor("sampling_param_ignore_eos", True, bool, "BOOL")]
+    client.start_stream(callback=callback)
+    client.async_stream_infer("dflash", inputs, enable_empty_final_response=False)
+    assert done.wait(120)
+    client.stop_stream()
+    assert all(isinstance(c, str) for c in chunks), chunks
+    assert len(chunks) > 1 and "".join(chunks) == full
+
+
+def test_sixteen_concurrent_streams_decode_together(server):
+    prompts = [text_prompt(i % 8)[: 6 + i] for i in range(16)]
+    expected = [post(server, "generate", body(p, sampling_param_max_tokens=40))["text_output"] for p in prompts]
+    results = [None] * 16
+
+    def client(i):
+        results[i] = stream(server, body(prompts[i], sampling_param_max_tokens=40))
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    for events, want in zip(results, expected):
+        assert "".join(e["text_output"] for e in events) == want
+    finals = [events[-1] for events in results]
+    # decoded together: some instant lies inside many requests' [first token, last token] intervals
+    starts = sorted(f["first_token_time_ns"] for f in finals)
+    overlap = max(sum(f["first_token_time_ns"] <= t <= f["last_token_time_ns"] for f in finals) for t in starts)
+    assert overlap >= 8, overlap
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"sampling_param_max_tokens": 4}, "text_input"),
+    ({"text_input": ""}, "empty prompt"),
+    ({"text_input": "x" * 600}, "exceeds this engine's sequence capacity"),
+    ({"text_input": "hi", "sampling_param_max_tokens": 0}, "sampling_param_max_tokens must be in 1..512, got 0"),
+    ({"text_input": "hi", "sampling_param_max_tokens": 100000}, "sampling_param_max_tokens must be in 1..512"),
+    ({"text_input": "hi", "sampling_param_temperature": -1.0}, "temperature must be >= 0, got -1.0"),
+    ({"text_input": "hi", "sampling_param_top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+    ({"text_input": "hi", "sampling_param_max_tokens": "many"}, "Unable to parse"),  # Triton checks types
+])
+def test_bad_requests_get_errors_while_others_are_served(server, bad, needle):
+    good = {}
+    t = threading.Thread(target=lambda: good.update(post(server, "generate", body(text_prompt(3)))))
+    t.start()
+    reply = post(server, "generate", bad)
+    t.join(120)
+    assert needle in reply.get("error", ""), reply
+    assert good.get("num_output_tokens") == MAX_NEW, good
+
+
+def test_disconnect_mid_stream_frees_the_slot(server):
+    import http.client
+
+    before = metrics(server)
+    conn = http.client.HTTPConnection("127.0.0.1", server["ends"].http_port, timeout=60)
+    conn.request("POST", "/v2/models/dflash/generate_stream",
+                 json.dumps(body(text_prompt(4), sampling_param_max_tokens=400, streaming=True)))
+    resp = conn.getresponse()
+    assert resp.readline().startswith(b"data:")
+    conn.close()  # the client goes away mid-stream
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = metrics(server)
+        if m["dflash_running_requests"] == 0 and m["dflash_failed_requests_total"] > before["dflash_failed_requests_total"]:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError(f"slot not freed: {metrics(server)}")
+    assert post(server, "generate", body(text_prompt(5)))["num_output_tokens"] == MAX_NEW
+
+
+def test_counters_agree_with_responses(server):
+    before = metrics(server)
+    replies = [post(server, "generate", body(text_prompt(i), sampling_param_max_tokens=30)) for i in range(4)]
+    after = metrics(server)
+    delta = {k: after[k] - before[k] for k in after}
+    assert delta["dflash_requests_total"] == 4
+    assert delta["dflash_generated_tokens_total"] == sum(r["num_output_tokens"] for r in replies)
+    assert delta["dflash_accepted_tokens_total"] == sum(r["total_accepted_draft_tokens"] for r in replies)
+    assert delta["dflash_drafted_tokens_total"] == sum(r["total_draft_tokens"] for r in replies)
+    assert delta["dflash_draft_steps_total"] == sum(r["total_draft_tokens"] for r in replies) / 7
