@@ -23,6 +23,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int, help="running batch (default: the engine's)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors")
     p.add_argument("--write-only", action="store_true", help="write the repository and exit")
+    p.add_argument("--nodes", type=int, default=1, help="trtllm engines: nodes for the Slurm launch script")
     return p
 
 
@@ -38,9 +39,19 @@ def run(argv: list[str] | None) -> int:
     repo = Path(args.model_repo).absolute()
     model_dir = write_repository(Path(args.engine_dir), repo, settings)
     print(f"model repository: {repo} (model '{args.model_name}')", file=sys.stderr)
+    manifest = Manifest.read(Path(args.engine_dir))
+    if manifest.backend == "trtllm":
+        from ..serve.launch import LaunchSpec, write_launch_scripts
+
+        if manifest.tp_size % args.nodes:
+            raise DFlashError(f"--nodes {args.nodes} does not divide the engine's tp_size {manifest.tp_size}")
+        spec = LaunchSpec(repo, args.model_name, manifest.tp_size // args.nodes, args.nodes, args.http_port,
+                          args.grpc_port, args.metrics_port)
+        for path in write_launch_scripts(spec, repo):
+            print(f"launch script: {path}", file=sys.stderr)
     if args.write_only:
         return 0
-    if Manifest.read(Path(args.engine_dir)).backend == "trtllm" and not (model_dir / "1" / "model.py").exists():
+    if manifest.backend == "trtllm" and not (model_dir / "1" / "model.py").exists():
         raise DFlashError("a trtllm engine is served by TensorRT-LLM's llmapi model.py: run inside the "
                           "tritonserver trtllm container with the launch script (dflash-serve --write-only writes "
                           "the repository)")

@@ -88,7 +88,8 @@ class ServingLoop:
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel everything in flight and queued, then end the thread."""
         self.stopping.set()
-        self.thread.join(timeout)
+        if self.thread.ident is not None:  # started
+            self.thread.join(timeout)
 
     def run(self) -> None:
         while not self.stopping.is_set():

@@ -1,0 +1,138 @@
+"""Serving pieces that need no server: the loop with fake responders, repositories, launch scripts."""
+
+import subprocess
+import time
+
+import pytest
+import yaml
+
+from trtllm_dflash.builtin import held_out_prompts
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+from trtllm_dflash.serve.loop import ServeRequest, ServingLoop, first_stop
+from trtllm_dflash.serve.repository import ServeSettings, validate_pbtxt, write_repository
+
+
+class FakeResponder:
+    def __init__(self, cancel_after: int | None = None):
+        self.sent, self.errors, self.final = [], [], False
+        self.cancel_after = cancel_after
+
+    def send(self, outputs, final):
+        self.sent.append(outputs)
+        self.final = final
+
+    def error(self, message):
+        self.errors.append(message)
+        self.final = True
+
+    def cancelled(self):
+        return self.cancel_after is not None and len(self.sent) >= self.cancel_after
+
+
+def wait_final(responders, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not all(r.final for r in responders):
+        assert time.monotonic() < deadline, "responses did not finish"
+        time.sleep(0.01)
+
+
+@pytest.fixture
+def loop_factory(builtin):
+    loops = []
+
+    def make(**kw):
+        pipe = load_pipeline(*builtin)
+        loop = ServingLoop(pipe.generator, pipe.tokenizer, kw.get("batch", 2), 256, kw.get("queue", 8))
+        loops.append(loop)
+        return loop, pipe.tokenizer
+
+    yield make
+    for loop in loops:
+        loop.stop()
+
+
+def serve_request(tok, prompt, responder, stream=False, stops=(), max_new=16):
+    ids = tuple(tok.encode(prompt, add_special_tokens=False))
+    return ServeRequest(Request(ids, max_new, ignore_eos=True), prompt, stream, False, stops, responder)
+
+
+def test_queue_limit_answers_overloaded_at_once(loop_factory):
+    loop, tok = loop_factory(batch=1, queue=2)  # not started: nothing leaves the queue
+    responders = [FakeResponder() for _ in range(3)]
+    for r in responders:
+        loop.submit(serve_request(tok, "abc", r))
+    assert responders[2].errors and responders[2].errors[0].startswith("overloaded: 2 requests already waiting")
+    assert not responders[0].final and not responders[1].final
+
+
+def test_stop_string_truncates_and_finishes(loop_factory):
+    loop, tok = loop_factory()
+    loop.start()
+    prompt = bytes(held_out_prompts(1)[0]).decode()
+    free = FakeResponder()
+    loop.submit(serve_request(tok, prompt, free, max_new=24))
+    wait_final([free])
+    generated = free.sent[-1]["text_output"][len(prompt):]
+    stop = generated[5:7]
+    cut = FakeResponder()
+    loop.submit(serve_request(tok, prompt, cut, stops=(stop,), max_new=24))
+    wait_final([cut])
+    assert cut.sent[-1]["text_output"] == prompt + generated[: generated.find(stop)]
+    assert cut.sent[-1]["finish_reason"] == "stop"
+
+
+def test_cancelled_client_frees_its_slot_and_is_answered(loop_factory):
+    loop, tok = loop_factory(batch=1)
+    loop.start()
+    gone, next_one = FakeResponder(cancel_after=2), FakeResponder()
+    loop.submit(serve_request(tok, "abcdef", gone, stream=True, max_new=200))
+    loop.submit(serve_request(tok, "ghijkl", next_one))  # waits for the only slot
+    wait_final([gone, next_one])
+    assert gone.errors == ["request cancelled by the client"]
+    assert next_one.sent[-1]["num_output_tokens"] == 16 and loop.counters.failed == 1
+
+
+def test_first_stop():
+    assert first_stop("hello world", ("wor", "lo")) == 3
+    assert first_stop("hello", ("x", "")) is None
+
+
+def test_torch_repository_config_is_valid_triton_config(builtin, tmp_path):
+    from trtllm_dflash.build.builder import build_engine
+    from trtllm_dflash.build.spec import BuildSpec
+
+    engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e")), "test")
+    model = write_repository(engine, tmp_path / "repo", ServeSettings("m", 4, 10))
+    config = validate_pbtxt((model / "config.pbtxt").read_text())
+    assert config.backend == "python" and config.model_transaction_policy.decoupled
+    assert {i.name for i in config.input} >= {"text_input", "streaming", "sampling_param_max_tokens",
+                                              "sampling_param_ignore_eos", "sampling_param_stop"}
+    assert config.parameters["max_batch_size"].string_value == "4"
+    assert "trtllm_dflash.serve.triton_model" in (model / "1" / "model.py").read_text()
+
+
+def test_trtllm_repository_and_launch_scripts(builtin, tmp_path):
+    from trtllm_dflash.build.builder import build_engine
+    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.cli.serve import main as serve_main
+
+    engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e"), backend="trtllm", tp=2), "t")
+    repo = tmp_path / "repo"
+    assert serve_main([str(engine), "--model-repo", str(repo), "--write-only", "--model-name", "llm"]) == 0
+    config = validate_pbtxt((repo / "llm" / "config.pbtxt").read_text())
+    assert [o.name for o in config.output][:2] == ["text_output", "finish_reason"]
+    model_yaml = yaml.safe_load((repo / "llm" / "1" / "model.yaml").read_text())
+    assert model_yaml["triton_config"] == {"max_batch_size": 0, "decoupled": True}
+    assert model_yaml["speculative_config"]["decoding_type"] == "DFlash"
+    assert model_yaml["model"] == str(engine / "target") and model_yaml["tensor_parallel_size"] == 2
+    assert not (repo / "llm" / "1" / "model.py").exists()  # TensorRT-LLM's own, copied at launch
+    for script in ("launch_single_node.sh", "launch_slurm.sbatch"):
+        assert subprocess.run(["bash", "-n", str(repo / script)]).returncode == 0
+    out = subprocess.run(["bash", str(repo / "launch_single_node.sh")], capture_output=True, text=True,
+                         env={"DRY_RUN": "1", "LLMAPI_MODEL_PY": "/x/model.py", "PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == f"cp /x/model.py {repo}/llm/1/model.py"
+    assert lines[1].startswith("mpirun --allow-run-as-root -n 2 trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver "
+                               f"--model-repository {repo} --http-port 8000")
