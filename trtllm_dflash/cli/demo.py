@@ -14,8 +14,8 @@ from ..request import Request
 from .common import run_cli
 
 PROG = "dflash-demo"
-NOT_YET = ("dflash-build (engine directories), dflash-serve (Triton deployment) and dflash-bench "
-           "(interactivity/throughput sweeps) are not part of this release yet")
+NOT_YET = ("dflash-bench (interactivity/throughput sweeps) and dflash-train are not part of this release yet; "
+           "dflash-build and dflash-serve are (see the README)")
 
 
 def parser() -> argparse.ArgumentParser:
