@@ -17,17 +17,16 @@ pytest.importorskip("tritonclient")
 MAX_NEW = 24
 
 
-@pytest.fixture(scope="module")
-def server(builtin, tmp_path_factory):
+def serving(builtin, root, tp=1):
+    """Build a tiny torch engine, serve it; yields the server's description; asserts a clean stop."""
     from trtllm_dflash.build.builder import build_engine
     from trtllm_dflash.build.spec import BuildSpec
     from trtllm_dflash.serve.locate import find_tritonserver
     from trtllm_dflash.serve.repository import ServeSettings, write_repository
     from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
 
-    root = tmp_path_factory.mktemp("serve")
     engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(root / "engine"), dtype="float32",
-                                    max_batch_size=16, max_seq_len=512), "test")
+                                    max_batch_size=16, max_seq_len=512, tp=tp), "test")
     write_repository(engine, root / "repo", ServeSettings("dflash", max_queue=64))
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     log = open(root / "server.log", "w")
@@ -40,6 +39,11 @@ def server(builtin, tmp_path_factory):
     yield {"proc": proc, "ends": ends, "engine": engine, "log": root / "server.log"}
     code = stop_server(proc)
     assert code == 0, (root / "server.log").read_text()[-2000:]
+
+
+@pytest.fixture(scope="module")
+def server(builtin, tmp_path_factory):
+    yield from serving(builtin, tmp_path_factory.mktemp("serve"))
 
 
 def post(server, path: str, body: dict, timeout: float = 120) -> dict:
@@ -202,3 +206,28 @@ def test_counters_agree_with_responses(server):
     assert delta["dflash_accepted_tokens_total"] == sum(r["total_accepted_draft_tokens"] for r in replies)
     assert delta["dflash_drafted_tokens_total"] == sum(r["total_draft_tokens"] for r in replies)
     assert delta["dflash_draft_steps_total"] == sum(r["total_draft_tokens"] for r in replies) / 7
+
+
+def test_tensor_parallel_engine_inside_triton(builtin, tmp_path):
+    """TP=2: the model drives a second rank process in lockstep; output equals dflash-generate --engine."""
+    served = serving(builtin, tmp_path, tp=2)
+    srv = next(served)
+    prompts = [text_prompt(i) for i in range(3)]
+    replies = [None] * 3
+    threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, post(srv, "generate", body(prompts[i]))))
+               for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    events = stream(srv, body(prompts[0]))
+    for prompt, reply in zip(prompts, replies):
+        out = subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.generate", "--engine", str(srv["engine"]),
+                              "--prompt", prompt, "--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--json"],
+                             capture_output=True, text=True, check=True)
+        assert reply["text_output"] == prompt + json.loads(out.stdout)["text"]
+    assert "".join(e["text_output"] for e in events) == replies[0]["text_output"]
+    with pytest.raises(StopIteration):
+        next(served)  # clean shutdown: exit code 0
+    leftover = subprocess.run(["pgrep", "-f", f"tp_worker {srv['engine']}"], capture_output=True, text=True)
+    assert leftover.stdout == ""

@@ -187,6 +187,10 @@ class Generator:
             self.finish(seq, now)
         return len(kept)
 
+    def cancel(self, seq: Sequence, reason: str) -> None:
+        """End a sequence from outside the loop (client gone, stop string, shutdown)."""
+        self.finish(seq, time.perf_counter(), reason)
+
     def finish(self, seq: Sequence, now: float, reason: str | None = None) -> None:
         """Leave the slot (also for a cancelled request, with `reason`)."""
         if reason:

@@ -110,7 +110,7 @@ class ServingLoop:
 
     def fail_running(self, message: str) -> None:
         for seq in list(self.generator.slots.running.values()):
-            self.generator.finish(seq, time.perf_counter(), reason="error")
+            self.generator.cancel(seq, "error")
             seq.tag.responder.error(message)
             self.counters.failed += 1
 
@@ -140,7 +140,7 @@ class ServingLoop:
         which is what tells Triton the request is over."""
         for seq in list(self.generator.slots.running.values()):
             if seq.tag.responder.cancelled():
-                self.generator.finish(seq, time.perf_counter(), reason="cancelled")
+                self.generator.cancel(seq, "cancelled")
                 self.count(failed=1)
                 try:
                     seq.tag.responder.error("request cancelled by the client")
@@ -152,7 +152,7 @@ class ServingLoop:
         text = self.tokenizer.decode(seq.result.output_ids)
         cut = first_stop(text, req.stop_strings)
         if cut is not None and not seq.done:
-            self.generator.finish(seq, time.perf_counter(), reason="stop")
+            self.generator.cancel(seq, "stop")
         if cut is not None:
             text = text[:cut]
         if seq.done:

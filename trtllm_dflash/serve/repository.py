@@ -91,7 +91,7 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
     batch = settings.max_batch_size or manifest.limits["max_batch_size"]
     if manifest.backend == "torch":
         params = {"engine_dir": engine_dir, "max_batch_size": batch, "max_queue": settings.max_queue,
-                  "max_seq_len": manifest.limits["max_seq_len"]}
+                  "max_seq_len": manifest.limits["max_seq_len"], "tp_size": manifest.tp_size}
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)

@@ -76,13 +76,30 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        pipeline = load_engine(params["engine_dir"])
-        self.tokenizer = pipeline.tokenizer
+        generator, self.tokenizer = self.load(params["engine_dir"], int(params["tp_size"]))
         self.max_tokens_limit = int(params["max_seq_len"])
         self.metrics = self.make_metrics()
-        self.loop = ServingLoop(pipeline.generator, self.tokenizer, int(params["max_batch_size"]),
+        self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
                                 int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics)
         self.loop.start()
+
+    def load(self, engine_dir: str, tp: int):
+        """Rank 0 in this process; with tp > 1 the other ranks are spawned and driven in lockstep."""
+        self.workers = []
+        if tp == 1:
+            pipeline = load_engine(engine_dir)
+            return pipeline.generator, pipeline.tokenizer
+        import torch.distributed as dist
+
+        from ..engine import free_port
+        from .lockstep import LockstepGenerator, spawn_workers
+
+        port = free_port()
+        self.workers = spawn_workers(engine_dir, tp, port)
+        dist.init_process_group("gloo", rank=0, world_size=tp, init_method=f"tcp://127.0.0.1:{port}")
+        pipeline = load_engine(engine_dir, rank=0)
+        g = pipeline.generator
+        return LockstepGenerator(g.target, g.proposer, g.default_stop_ids), pipeline.tokenizer
 
     def make_metrics(self) -> dict:
         metrics, self.families = {}, []  # a family must outlive its metrics
@@ -130,3 +147,10 @@ class TritonPythonModel:
 
     def finalize(self):
         self.loop.stop()
+        if self.workers:
+            import torch.distributed as dist
+
+            self.loop.generator.close()
+            for worker in self.workers:
+                worker.wait(timeout=30)
+            dist.destroy_process_group()

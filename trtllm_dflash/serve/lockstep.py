@@ -1,0 +1,84 @@
+"""Tensor-parallel serving: rank 0 (the Triton model) drives the other ranks' generators in lockstep.
+
+Every call that changes generator state (allocate, admit, step, cancel) is broadcast to the worker
+ranks before rank 0 runs it, so all ranks execute the same steps on the same inputs and their
+collectives line up. Requests without a seed get one here, so every rank samples alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import subprocess
+import sys
+import shutil
+
+import torch.distributed as dist
+
+from ..generator import Generator, Sequence
+from ..request import Request
+
+
+def broadcast(message=None):
+    box = [message]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class LockstepGenerator(Generator):
+    """Rank 0's generator: same behaviour, every state change mirrored on the workers."""
+
+    def allocate(self, num_slots: int, capacity: int, block: int) -> None:
+        broadcast(("allocate", (num_slots, capacity, block)))
+        super().allocate(num_slots, capacity, block)
+
+    def admit(self, requests: list[Request], tags: list | None = None) -> list[Sequence]:
+        for r in requests:
+            self.validate(r)  # before broadcasting: a rejected batch must not reach the workers
+        requests = [with_seed(r) for r in requests]
+        broadcast(("admit", (requests,)))
+        return super().admit(requests, tags)
+
+    def step(self) -> list[Sequence]:
+        if not self.slots.running:
+            return []
+        broadcast(("step", ()))
+        return super().step()
+
+    def cancel(self, seq: Sequence, reason: str) -> None:
+        broadcast(("cancel", (seq.slot, reason)))
+        super().cancel(seq, reason)
+
+    def close(self) -> None:
+        broadcast(("stop", ()))
+
+
+def with_seed(request: Request) -> Request:
+    if request.sampling.seed is not None or request.sampling.greedy:
+        return request
+    return dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, seed=random.getrandbits(63)))
+
+
+def follow(generator: Generator) -> None:
+    """A worker rank: apply rank 0's calls until told to stop."""
+    while True:
+        op, args = broadcast()
+        if op == "stop":
+            return
+        if op == "allocate":
+            generator.allocate(*args)
+        elif op == "admit":
+            generator.admit(*args)
+        elif op == "step":
+            generator.step()
+        elif op == "cancel":
+            seq = generator.slots.running.get(args[0])
+            if seq is not None:
+                generator.cancel(seq, args[1])
+
+
+def spawn_workers(engine_dir: str, world: int, port: int) -> list[subprocess.Popen]:
+    """Ranks 1..world-1 as processes of this environment's Python (gloo on loopback)."""
+    python = sys.executable if "python" in sys.executable.rsplit("/", 1)[-1] else shutil.which("python3")
+    return [subprocess.Popen([python, "-m", "trtllm_dflash.serve.tp_worker", engine_dir, str(rank), str(world),
+                              str(port)]) for rank in range(1, world)]

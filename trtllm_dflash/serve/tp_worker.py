@@ -1,0 +1,24 @@
+"""One worker rank of a tensor-parallel torch engine served by Triton (started by the Triton model)."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from ..engine import load_engine
+from .lockstep import follow
+
+
+def main(engine_dir: str, rank: int, world: int, port: int) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        follow(load_engine(engine_dir, rank).generator)
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
