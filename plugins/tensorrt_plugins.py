@@ -54,11 +54,11 @@ def compile_kernel(dtype: str, hidden: int, num_layers: int, num_kv_heads: int, 
     import triton
     from triton.compiler import ASTSource
 
-    from .context_kv.triton_kernel import _dense_kernel
+    from .context_kv.triton_kernel import _dense_kernel, kernel_constants
 
-    constants = dict(HIDDEN_EPS=hidden_eps, K_EPS=k_eps, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
-                     NUM_LAYERS=num_layers, BLOCK_N=BLOCK_N, BLOCK_K=min(64, triton.next_power_of_2(hidden)),
-                     UPCAST=False, PRECISION="ieee" if dtype == "float32" else "tf32")
+    constants = kernel_constants(hidden_eps, k_eps, num_kv_heads, head_dim, hidden, dtype == "float32",
+                                 interpreted=False, block_n=BLOCK_N)
+    constants["NUM_LAYERS"] = num_layers
     signature = {**kernel_signature(dtype), **{name: "constexpr" for name in constants}}
     src = ASTSource(fn=_dense_kernel, signature=signature, constexprs=constants)
     return triton.compile(src, target=target)

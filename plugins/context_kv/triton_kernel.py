@@ -112,13 +112,17 @@ def supported(w: ContextKVWeights) -> bool:
     return d & (d - 1) == 0 and (INTERPRETED or d // 2 >= 16)
 
 
-def launch_constants(w: ContextKVWeights, dtype: torch.dtype, hidden: int, block_n: int = 16,
-                     block_k: int = 64) -> dict:
-    """The compile-time constants of one specialisation (shared by the launcher and TensorRT AOT)."""
-    return dict(HIDDEN_EPS=w.hidden_eps, K_EPS=w.k_eps, NUM_KV_HEADS=w.num_kv_heads, HALF=w.head_dim // 2,
-                BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), UPCAST=INTERPRETED,
+def kernel_constants(hidden_eps: float, k_eps: float, num_kv_heads: int, head_dim: int, hidden: int, fp32: bool,
+                     interpreted: bool = INTERPRETED, block_n: int = 16, block_k: int = 64) -> dict:
+    """The compile-time constants of one specialisation (shared by the launchers and TensorRT AOT)."""
+    return dict(HIDDEN_EPS=hidden_eps, K_EPS=k_eps, NUM_KV_HEADS=num_kv_heads, HALF=head_dim // 2,
+                BLOCK_N=block_n, BLOCK_K=min(block_k, triton.next_power_of_2(hidden)), UPCAST=interpreted,
                 # fp32 models get full fp32 products (TF32's 10-bit mantissa could flip a greedy argmax)
-                PRECISION="ieee" if INTERPRETED or dtype == torch.float32 else "tf32")
+                PRECISION="ieee" if interpreted or fp32 else "tf32")
+
+
+def launch_constants(w: ContextKVWeights, dtype: torch.dtype, hidden: int) -> dict:
+    return kernel_constants(w.hidden_eps, w.k_eps, w.num_kv_heads, w.head_dim, hidden, dtype == torch.float32)
 
 
 def grid(n: int, w: ContextKVWeights, block_n: int = 16) -> tuple[int, int]:
