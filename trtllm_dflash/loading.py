@@ -54,9 +54,14 @@ def load_drafter(name: str | Path, dtype: torch.dtype = torch.float32, device: s
     return LoadedDrafter(drafter_from_tensors(cfg, load_tensors(path), path, SINGLE, dtype, device), cfg, path)
 
 
+def tied_weights(cfg) -> set[str]:
+    """Weights a checkpoint may carry but the model does not load (the LM head tied to the embedding)."""
+    return {"lm_head.weight"} if getattr(cfg, "tie_word_embeddings", False) else set()
+
+
 def target_from_tensors(cfg: TargetConfig, tensors: dict, path: Path, tp: Parallel, dtype, device) -> TargetModel:
     """A target (or one rank's shard of it) from checked tensors; tied embeddings re-tied."""
-    skip = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+    skip = tied_weights(cfg)
     for name in skip:
         tensors.pop(name, None)
     with torch.device("meta"):

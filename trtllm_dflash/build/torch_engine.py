@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..checkpoint import load_tensors
-from ..loading import DTYPES, check_weights
+from ..loading import DTYPES, check_weights, tied_weights
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sharding import shard_state
@@ -25,7 +25,7 @@ def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
     roles = (("target", plan.target_dir, plan.target, TargetModel), ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
     for role, src, cfg, cls in roles:
         state = load_tensors(src)
-        skip = {"lm_head.weight"} if getattr(cfg, "tie_word_embeddings", False) else set()
+        skip = tied_weights(cfg)
         for name in skip:
             state.pop(name, None)
         with torch.device("meta"):

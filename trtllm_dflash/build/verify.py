@@ -11,15 +11,14 @@ import yaml
 from ..checkpoint import load_tensors, read_safetensors
 from ..config import DrafterConfig, TargetConfig, read_config_json
 from ..errors import DFlashError
-from ..loading import check_weights
+from ..loading import check_weights, tied_weights
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..pairing import validate_pair
 from ..parallel import Parallel
 from .manifest import Manifest
+from .trtllm_engine import OPTIONS
 from .trtllm_fields import check_options
-
-OPTIONS = "llm_options.yaml"
 
 
 def verify_engine(engine_dir: str | Path) -> tuple[bool, list[str]]:
@@ -52,8 +51,7 @@ def check_torch(engine_dir: Path, manifest: Manifest) -> list[str]:
             models = (("target", TargetModel(target, tp)), ("drafter", DFlashDrafter(drafter, tp)))
         for role, model in models:
             path = engine_dir / role / f"rank{rank}.safetensors"
-            skip = {"lm_head.weight"} if role == "target" and target.tie_word_embeddings else set()
-            check_weights(model, read_safetensors(path), path, skip)
+            check_weights(model, read_safetensors(path), path, tied_weights(model.config))
     return [f"pair: configs valid and matched; weights of {manifest.tp_size} rank(s) match their shapes"]
 
 
