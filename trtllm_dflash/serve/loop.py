@@ -75,15 +75,15 @@ class ServingLoop:
         try:
             self.generator.validate(req.request)
         except DFlashError as exc:
-            return self.reject(req, str(exc))
+            return self.reject(req.responder, str(exc))
         if self.pending.qsize() >= self.max_queue:
-            return self.reject(req, f"overloaded: {self.pending.qsize()} requests already waiting "
+            return self.reject(req.responder, f"overloaded: {self.pending.qsize()} requests already waiting "
                                     f"(max queue {self.max_queue}); retry later")
         self.pending.put(req)
 
-    def reject(self, req: ServeRequest, message: str) -> None:
+    def reject(self, responder: Responder, message: str) -> None:
         self.count(failed=1)
-        req.responder.error(message)
+        responder.error(message)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel everything in flight and queued, then end the thread."""
@@ -112,7 +112,7 @@ class ServingLoop:
         for seq in list(self.generator.slots.running.values()):
             self.generator.cancel(seq, "error")
             seq.tag.responder.error(message)
-            self.counters.failed += 1
+            self.count(failed=1)  # through count(), so the Prometheus counter sees it too
 
     def admit(self) -> None:
         free = len(self.generator.slots.free())
@@ -128,7 +128,7 @@ class ServingLoop:
             sequences = self.generator.admit([r.request for r in batch], tags=batch)
         except DFlashError as exc:  # validated at submit; only a changed engine state gets here
             for r in batch:
-                self.reject(r, str(exc))
+                self.reject(r.responder, str(exc))
             return
         self.count(requests=len(batch))
         for seq in sequences:
@@ -195,9 +195,11 @@ class ServingLoop:
         self.on_update(self.counters, delta)
 
     def publish(self) -> None:
-        self.counters.running = len(self.generator.slots.running)
-        self.counters.queued = self.pending.qsize()
-        self.on_update(self.counters, {})
+        """Refresh the gauges; only when they change (the idle loop calls this every few ms)."""
+        running, queued = len(self.generator.slots.running), self.pending.qsize()
+        if (running, queued) != (self.counters.running, self.counters.queued):
+            self.counters.running, self.counters.queued = running, queued
+            self.on_update(self.counters, {})
 
     def shutdown(self) -> None:
         self.fail_running("server shutting down: request cancelled")

@@ -123,7 +123,7 @@ class TritonPythonModel:
             try:
                 self.loop.submit(self.parse(request, responder))
             except DFlashError as exc:
-                self.loop.reject(ServeRequest(None, "", False, False, (), responder), str(exc))
+                self.loop.reject(responder, str(exc))
         return None
 
     def parse(self, request, responder) -> ServeRequest:
