@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from trtllm_dflash.builtin import held_out_prompts
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
 from trtllm_dflash.serve.loop import ServeRequest, ServingLoop, first_stop
@@ -136,3 +137,34 @@ def test_trtllm_repository_and_launch_scripts(builtin, tmp_path):
     assert lines[0] == f"cp /x/model.py {repo}/llm/1/model.py"
     assert lines[1].startswith("mpirun --allow-run-as-root -n 2 trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver "
                                f"--model-repository {repo} --http-port 8000")
+
+
+def test_plain_decoding_repositories(builtin, tmp_path):
+    """--decoding plain: the torch model gets the parameter, a trtllm model.yaml loses its speculative config."""
+    from trtllm_dflash.build.builder import build_engine
+    from trtllm_dflash.build.spec import BuildSpec
+
+    engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e")), "test")
+    model = write_repository(engine, tmp_path / "repo", ServeSettings("m", decoding="plain"))
+    assert validate_pbtxt((model / "config.pbtxt").read_text()).parameters["decoding"].string_value == "plain"
+    trt = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "t"), backend="trtllm"), "test")
+    model = write_repository(trt, tmp_path / "repo2", ServeSettings("m", decoding="plain"))
+    assert "speculative_config" not in yaml.safe_load((model / "1" / "model.yaml").read_text())
+    with pytest.raises(DFlashError, match="--decoding must be one of dflash, plain, got 'eagle'"):
+        ServeSettings("m", decoding="eagle")
+
+
+def test_plain_engine_decodes_like_dflash_without_a_drafter(builtin, tmp_path):
+    from trtllm_dflash.build.builder import build_engine
+    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.builtin import held_out_prompts
+    from trtllm_dflash.engine import load_engine
+    from trtllm_dflash.request import Request
+
+    engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e")), "test")
+    requests = [Request(tuple(p), 24, ignore_eos=True) for p in held_out_prompts()[:3]]
+    plain, spec = load_engine(engine, decoding="plain"), load_engine(engine)
+    assert plain.drafter is None
+    plain_out, spec_out = plain.generator.generate(requests), spec.generator.generate(requests)
+    assert [r.output_ids for r in plain_out] == [r.output_ids for r in spec_out]
+    assert all(r.drafted_tokens == 0 for r in plain_out) and sum(r.drafted_tokens for r in spec_out) > 0

@@ -17,7 +17,7 @@ pytest.importorskip("tritonclient")
 MAX_NEW = 24
 
 
-def serving(builtin, root, tp=1):
+def serving(builtin, root, tp=1, decoding="dflash"):
     """Build a tiny torch engine, serve it; yields the server's description; asserts a clean stop."""
     from trtllm_dflash.build.builder import build_engine
     from trtllm_dflash.build.spec import BuildSpec
@@ -27,7 +27,7 @@ def serving(builtin, root, tp=1):
 
     engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(root / "engine"), dtype="float32",
                                     max_batch_size=16, max_seq_len=512, tp=tp), "test")
-    write_repository(engine, root / "repo", ServeSettings("dflash", max_queue=64))
+    write_repository(engine, root / "repo", ServeSettings("dflash", max_queue=64, decoding=decoding))
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     log = open(root / "server.log", "w")
     proc = start_server(find_tritonserver(root / "triton"), root / "repo", ends, log)
@@ -231,3 +231,20 @@ def test_tensor_parallel_engine_inside_triton(builtin, tmp_path):
         next(served)  # clean shutdown: exit code 0
     leftover = subprocess.run(["pgrep", "-f", f"tp_worker {srv['engine']}"], capture_output=True, text=True)
     assert leftover.stdout == ""
+
+
+def test_plain_decoding_serves_the_same_text_without_drafts(builtin, tmp_path):
+    """--decoding plain (the benchmark baseline): same greedy text, no draft steps counted."""
+    served = serving(builtin, tmp_path, decoding="plain")
+    srv = next(served)
+    before = metrics(srv)
+    reply = post(srv, "generate", body(text_prompt(0)))
+    delta = {k: v - before[k] for k, v in metrics(srv).items()}
+    out = subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.generate", "--engine", str(srv["engine"]),
+                          "--prompt", text_prompt(0), "--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--json"],
+                         capture_output=True, text=True, check=True)
+    assert reply["text_output"] == text_prompt(0) + json.loads(out.stdout)["text"]
+    assert reply["total_draft_tokens"] == 0 and delta["dflash_draft_steps_total"] == 0
+    assert delta["dflash_generated_tokens_total"] == MAX_NEW
+    with pytest.raises(StopIteration):
+        next(served)

@@ -25,7 +25,9 @@ from .loading import DTYPES, LoadedDrafter, LoadedTarget, drafter_from_tensors, 
 from .parallel import Parallel
 from .pipeline import Pipeline, check_device
 from .request import Request, Result
-from .speculative import DFlashProposer
+from .speculative import AutoregressiveProposer, DFlashProposer
+
+DECODINGS = ("dflash", "plain")  # plain: the target alone, autoregressive (the baseline)
 
 WORKER_TIMEOUT_S = 3600
 
@@ -38,8 +40,11 @@ def read_torch_manifest(engine_dir: Path) -> Manifest:
     return manifest
 
 
-def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu") -> Pipeline:
-    """One rank of a torch engine, reading only that rank's weight files."""
+def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", decoding: str = "dflash") -> Pipeline:
+    """One rank of a torch engine, reading only that rank's weight files. decoding="plain" skips the
+    drafter and decodes autoregressively with the target (the baseline a benchmark compares against)."""
+    if decoding not in DECODINGS:
+        raise DFlashError(f"unknown decoding {decoding!r} (expected one of {', '.join(DECODINGS)})")
     engine_dir = Path(engine_dir)
     manifest = read_torch_manifest(engine_dir)
     tp, dtype = Parallel(rank, manifest.tp_size), DTYPES[manifest.dtype]
@@ -48,13 +53,15 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu") -> P
     d_cfg = DrafterConfig.from_dict(read_config_json(d_dir), str(d_dir / "config.json"))
     shard = f"rank{rank}.safetensors"
     target = target_from_tensors(t_cfg, read_safetensors(t_dir / shard), t_dir / shard, tp, dtype, device)
-    drafter = drafter_from_tensors(d_cfg, read_safetensors(d_dir / shard), d_dir / shard, tp, dtype, device)
     tokenizer = load_tokenizer(engine_dir / manifest.tokenizer) if manifest.tokenizer else None
     stops = stop_token_ids(t_dir, t_cfg.eos_token_ids, tokenizer)
+    loaded_target = LoadedTarget(target, t_cfg, t_dir, tokenizer, stops)
+    if decoding == "plain":
+        return Pipeline(Generator(target, AutoregressiveProposer(), stops), loaded_target, None)
+    drafter = drafter_from_tensors(d_cfg, read_safetensors(d_dir / shard), d_dir / shard, tp, dtype, device)
     proposer = DFlashProposer(drafter, target)
     proposer.max_block_size = manifest.block_size  # the engine's block size is the limit
-    return Pipeline(Generator(target, proposer, stops), LoadedTarget(target, t_cfg, t_dir, tokenizer, stops),
-                    LoadedDrafter(drafter, d_cfg, d_dir))
+    return Pipeline(Generator(target, proposer, stops), loaded_target, LoadedDrafter(drafter, d_cfg, d_dir))
 
 
 def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,

@@ -22,6 +22,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--metrics-port", type=int, default=8002)
     p.add_argument("--max-batch-size", type=int, help="running batch (default: the engine's)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors")
+    p.add_argument("--decoding", default="dflash", help="dflash (default) or plain: the target alone, the baseline")
     p.add_argument("--write-only", action="store_true", help="write the repository and exit")
     p.add_argument("--nodes", type=int, default=1, help="trtllm engines: nodes for the Slurm launch script")
     return p
@@ -35,7 +36,7 @@ def run(argv: list[str] | None) -> int:
     from ..serve.server import Endpoints, run_foreground
 
     args = parser().parse_args(argv)
-    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue)
+    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding)
     repo = Path(args.model_repo).absolute()
     model_dir = write_repository(Path(args.engine_dir), repo, settings)
     print(f"model repository: {repo} (model '{args.model_name}')", file=sys.stderr)

@@ -77,8 +77,8 @@ def follow(generator: Generator) -> None:
                 generator.cancel(seq, args[1])
 
 
-def spawn_workers(engine_dir: str, world: int, port: int) -> list[subprocess.Popen]:
+def spawn_workers(engine_dir: str, world: int, port: int, decoding: str) -> list[subprocess.Popen]:
     """Ranks 1..world-1 as processes of this environment's Python (gloo on loopback)."""
     python = sys.executable if "python" in sys.executable.rsplit("/", 1)[-1] else shutil.which("python3")
     return [subprocess.Popen([python, "-m", "trtllm_dflash.serve.tp_worker", engine_dir, str(rank), str(world),
-                              str(port)]) for rank in range(1, world)]
+                              str(port), decoding]) for rank in range(1, world)]

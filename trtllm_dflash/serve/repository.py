@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from ..build.manifest import Manifest
+from ..engine import DECODINGS
 from ..errors import DFlashError
 
 # (name, Triton type, dims, optional) of TensorRT-LLM's llmapi model, plus our two extensions
@@ -41,8 +42,11 @@ class ServeSettings:
     model_name: str = "dflash"
     max_batch_size: int | None = None  # default: the engine's
     max_queue: int = 256
+    decoding: str = "dflash"  # "plain": serve the target alone (torch engines), the benchmark baseline
 
     def __post_init__(self):
+        if self.decoding not in DECODINGS:
+            raise DFlashError(f"--decoding must be one of {', '.join(DECODINGS)}, got {self.decoding!r}")
         if not self.model_name or "/" in self.model_name:
             raise DFlashError(f"invalid model name {self.model_name!r}")
         for name in ("max_batch_size", "max_queue"):
@@ -91,13 +95,16 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
     batch = settings.max_batch_size or manifest.limits["max_batch_size"]
     if manifest.backend == "torch":
         params = {"engine_dir": engine_dir, "max_batch_size": batch, "max_queue": settings.max_queue,
-                  "max_seq_len": manifest.limits["max_seq_len"], "tp_size": manifest.tp_size}
+                  "max_seq_len": manifest.limits["max_seq_len"], "tp_size": manifest.tp_size,
+                  "decoding": settings.decoding}
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)
     else:
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS, OUTPUTS, {}))
         options = yaml.safe_load((engine_dir / manifest.backend_details["options"]).read_text())
+        if settings.decoding == "plain":  # TensorRT-LLM decodes autoregressively without a speculative config
+            options.pop("speculative_config", None)
         options = {"model": str(engine_dir / "target"), **options, "max_batch_size": batch,
                    "triton_config": {"max_batch_size": 0, "decoupled": True}}
         (model_dir / "1" / "model.yaml").write_text(yaml.safe_dump(options, sort_keys=False))

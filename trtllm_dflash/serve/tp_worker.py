@@ -11,14 +11,14 @@ from ..engine import load_engine
 from .lockstep import follow
 
 
-def main(engine_dir: str, rank: int, world: int, port: int) -> None:
+def main(engine_dir: str, rank: int, world: int, port: int, decoding: str) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
     try:
-        follow(load_engine(engine_dir, rank).generator)
+        follow(load_engine(engine_dir, rank, decoding=decoding).generator)
     finally:
         dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])

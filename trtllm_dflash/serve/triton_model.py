@@ -76,18 +76,18 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        generator, self.tokenizer = self.load(params["engine_dir"], int(params["tp_size"]))
+        generator, self.tokenizer = self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash"))
         self.max_tokens_limit = int(params["max_seq_len"])
         self.metrics = self.make_metrics()
         self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
                                 int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics)
         self.loop.start()
 
-    def load(self, engine_dir: str, tp: int):
+    def load(self, engine_dir: str, tp: int, decoding: str):
         """Rank 0 in this process; with tp > 1 the other ranks are spawned and driven in lockstep."""
         self.workers = []
         if tp == 1:
-            pipeline = load_engine(engine_dir)
+            pipeline = load_engine(engine_dir, decoding=decoding)
             return pipeline.generator, pipeline.tokenizer
         import torch.distributed as dist
 
@@ -95,9 +95,9 @@ class TritonPythonModel:
         from .lockstep import LockstepGenerator, spawn_workers
 
         port = free_port()
-        self.workers = spawn_workers(engine_dir, tp, port)
+        self.workers = spawn_workers(engine_dir, tp, port, decoding)
         dist.init_process_group("gloo", rank=0, world_size=tp, init_method=f"tcp://127.0.0.1:{port}")
-        pipeline = load_engine(engine_dir, rank=0)
+        pipeline = load_engine(engine_dir, rank=0, decoding=decoding)
         g = pipeline.generator
         return LockstepGenerator(g.target, g.proposer, g.default_stop_ids), pipeline.tokenizer
 
