@@ -1,0 +1,61 @@
+"""The server's Prometheus counters, scraped before and after a point and differenced.
+
+Acceptance comes from the difference over the point, never from the cumulative totals:
+AL = 1 + d(accepted) / d(draft steps), acceptance rate = d(accepted) / d(drafted).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+# short name -> the Prometheus counter the dflash Triton model exports
+COUNTERS = {
+    "requests": "dflash_requests_total",
+    "failed": "dflash_failed_requests_total",
+    "generated_tokens": "dflash_generated_tokens_total",
+    "draft_steps": "dflash_draft_steps_total",
+    "drafted_tokens": "dflash_drafted_tokens_total",
+    "accepted_tokens": "dflash_accepted_tokens_total",
+}
+SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_prometheus(text: str) -> dict[str, float]:
+    """Metric name -> value, summed over label sets (one model or several)."""
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = SAMPLE.match(line)
+        if match and not line.startswith("#"):
+            try:
+                value = float(match.group(3))
+            except ValueError:
+                continue
+            values[match.group(1)] = values.get(match.group(1), 0.0) + value
+    return values
+
+
+def snapshot(metrics: dict[str, float]) -> dict[str, float] | None:
+    """Our counters out of a scrape; None when the server exports none of them."""
+    found = {short: metrics[name] for short, name in COUNTERS.items() if name in metrics}
+    return found or None
+
+
+def difference(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float] | None:
+    """after - before per counter; None when either scrape is missing or a counter went down (a restart)."""
+    if before is None or after is None:
+        return None
+    delta = {k: after[k] - before[k] for k in before if k in after}
+    if any(v < 0 for v in delta.values()):
+        return None
+    return delta
+
+
+def acceptance(delta: dict[str, float] | None) -> tuple[float | None, float | None]:
+    """-> (acceptance length, acceptance rate) over the point; None where no drafts were made."""
+    if not delta:
+        return None, None
+    steps, drafted, accepted = (delta.get(k, math.nan) for k in ("draft_steps", "drafted_tokens", "accepted_tokens"))
+    length = 1 + accepted / steps if steps > 0 and math.isfinite(accepted) else None
+    rate = accepted / drafted if drafted > 0 and math.isfinite(accepted) else None
+    return length, rate

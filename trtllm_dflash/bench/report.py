@@ -1,0 +1,176 @@
+"""`dflash-bench report`: frontiers of one or more runs, throughput per GPU at fixed interactivity, plots,
+and a Markdown report. `make_report(spec)` is what the CLI calls.
+
+    report.md                     the report, embedding the PNGs
+    table.csv, table.json         throughput per GPU at each interactivity level, per run, ratio to the baseline
+    frontier.png                  throughput per GPU against interactivity, all points and each frontier
+    ttft_vs_throughput.png        median TTFT against throughput per GPU
+    acceptance_vs_concurrency.png acceptance length (server counters) against load
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import DFlashError
+from .frontier import Point, interpolate, pareto_frontier
+from .results import MANIFEST, SUMMARY_JSON, csv_text, utc_now, write_atomic
+from .spec import ReportSpec
+
+X, Y = "interactivity_median", "total_throughput_per_gpu"
+NA = "n/a"
+
+
+@dataclass
+class Run:
+    label: str
+    dir: Path
+    manifest: dict[str, Any]
+    points: list[dict[str, Any]]
+    status: str
+
+    @property
+    def frontier(self) -> list[Point]:
+        return pareto_frontier((p.get(X), p.get(Y)) for p in self.points)
+
+
+@dataclass
+class Report:
+    dir: Path
+    baseline: str
+    rows: list[dict[str, Any]]  # interactivity, label, throughput_per_gpu, ratio_to_baseline (None: n/a)
+    files: list[Path] = field(default_factory=list)
+
+
+def load_run(path: str | Path) -> Run:
+    path = Path(path)
+    if not (path / MANIFEST).is_file():
+        raise DFlashError(f"not a dflash-bench run directory (no {MANIFEST}): {path}")
+    manifest, summary = read_json(path / MANIFEST), read_json(path / SUMMARY_JSON)
+    points = summary.get("points")
+    if not isinstance(points, list):
+        raise DFlashError(f"{path / SUMMARY_JSON}: no 'points' list")
+    return Run(str(manifest.get("label") or path.name), path, manifest, points, str(manifest.get("status")))
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise DFlashError(f"missing {path}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise DFlashError(f"{path} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise DFlashError(f"{path}: expected a JSON object")
+    return data
+
+
+def load_runs(dirs: tuple[str, ...]) -> list[Run]:
+    runs = [load_run(d) for d in dirs]
+    seen: dict[str, Path] = {}
+    for run in runs:
+        if run.label in seen:
+            raise DFlashError(f"two runs share the label {run.label!r} ({seen[run.label]}, {run.dir}): "
+                              "label runs apart with dflash-bench sweep --label")
+        seen[run.label] = run.dir
+    return runs
+
+
+def headline(runs: list[Run], levels: tuple[float, ...], baseline: str, method: str) -> list[dict[str, Any]]:
+    """Throughput per GPU read off each run's frontier at each level; ratio to the baseline run's."""
+    values = {run.label: interpolate(run.frontier, levels, method) for run in runs}
+    rows = []
+    for i, level in enumerate(levels):
+        base = values[baseline][i]
+        for run in runs:
+            value = values[run.label][i]
+            ratio = value / base if value is not None and base else None
+            rows.append({"interactivity": level, "label": run.label, "throughput_per_gpu": value,
+                         "ratio_to_baseline": ratio})
+    return rows
+
+
+def make_report(spec: ReportSpec) -> Report:
+    from . import plots
+
+    runs = load_runs(spec.runs)
+    labels = [r.label for r in runs]
+    baseline = spec.baseline or labels[0]
+    if baseline not in labels:
+        raise DFlashError(f"--baseline: no run is labelled {baseline!r} (labels: {', '.join(labels)})")
+    out = Path(spec.output)
+    out.mkdir(parents=True, exist_ok=True)
+    report = Report(out, baseline, headline(runs, spec.interactivity, baseline, spec.interpolation))
+    report.files += write_table(out, report, runs, spec)
+    report.files += plots.write_all(out, runs, spec.interactivity, spec.interpolation)
+    write_atomic(out / "report.md", markdown(report, runs, spec))
+    report.files.append(out / "report.md")
+    return report
+
+
+def write_table(out: Path, report: Report, runs: list[Run], spec: ReportSpec) -> list[Path]:
+    shown = [{k: (NA if v is None else v) for k, v in row.items()} for row in report.rows]
+    write_atomic(out / "table.csv", csv_text(shown))
+    data = {"metric": "total-token throughput per GPU (tok/s/GPU) on the Pareto frontier, at median interactivity "
+                      "(tok/s/user); null: the run never reaches that interactivity",
+            "interpolation": spec.interpolation, "baseline": report.baseline, "levels": list(spec.interactivity),
+            "rows": report.rows, "frontiers": {r.label: r.frontier for r in runs},
+            "runs": {r.label: str(r.dir) for r in runs}}
+    write_atomic(out / "table.json", json.dumps(data, indent=2) + "\n")
+    return [out / "table.csv", out / "table.json"]
+
+
+def fmt(value: float | None, spec: str = ".1f") -> str:
+    return NA if value is None else format(value, spec)
+
+
+def markdown(report: Report, runs: list[Run], spec: ReportSpec) -> str:
+    lines = [f"# dflash-bench report", "", f"Generated {utc_now()} from {len(runs)} run(s). Throughput per GPU is "
+             "total-token (input + output) throughput divided by the GPUs serving; interactivity is 1000 / TPOT(ms) "
+             "of the point's median TPOT, TPOT = (E2E - TTFT) / (OSL - 1).", "", "## Runs", "",
+             "| label | status | API | model | ISL / OSL | GPUs | engine manifest | directory |", "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        s, engine = run.manifest.get("settings", {}), run.manifest.get("engine") or {}
+        shape = f"dataset {Path(s['dataset']).name}" if s.get("dataset") else f"{s.get('isl')} / {s.get('osl')}"
+        digest = engine.get("manifest_sha256", "")[:12] or NA
+        lines.append(f"| {run.label} | {run.status} | {s.get('api')} | {s.get('model')} | {shape} | "
+                     f"{run.manifest.get('num_gpus')} | {digest} | `{run.dir}` |")
+    lines += ["", "## Throughput per GPU at fixed interactivity", "", headline_table(report, runs), "",
+              f"tok/s/GPU read off each run's Pareto frontier ({spec.interpolation} interpolation, never "
+              f"extrapolated); in brackets the ratio to `{report.baseline}`; {NA}: the run never reaches that "
+              "interactivity.", "", "![frontier](frontier.png)", "", "![TTFT against throughput](ttft_vs_throughput.png)",
+              "", "![acceptance length against load](acceptance_vs_concurrency.png)", "", "## Points", ""]
+    for run in runs:
+        lines += [f"### {run.label}", "", points_table(run.points), ""]
+    return "\n".join(lines)
+
+
+def headline_table(report: Report, runs: list[Run]) -> str:
+    labels = [r.label for r in runs]
+    lines = ["| interactivity (tok/s/user) | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    by_level: dict[float, list[str]] = {}
+    for row in report.rows:
+        cell = fmt(row["throughput_per_gpu"])
+        if row["label"] != report.baseline and row["throughput_per_gpu"] is not None:
+            ratio = row["ratio_to_baseline"]
+            cell += f" ({NA if ratio is None else format(ratio, '.2f') + 'x'})"
+        by_level.setdefault(row["interactivity"], []).append(cell)
+    lines += [f"| {level:g} | " + " | ".join(cells) + " |" for level, cells in by_level.items()]
+    return "\n".join(lines)
+
+
+def points_table(points: list[dict[str, Any]]) -> str:
+    head = ("| point | ok / sent | TTFT p50 / p99 ms | TPOT p50 / p99 ms | interactivity p50 / p99 | tok/s/GPU "
+            "(total / output) | AL (counters) | acceptance (counters / responses) |")
+    lines = [head, "|---" * 8 + "|"]
+    for p in points:
+        lines.append(
+            f"| {p['point']} | {p['completed']} / {p['requests']} | {fmt(p['ttft_ms_median'])} / "
+            f"{fmt(p['ttft_ms_p99'])} | {fmt(p['tpot_ms_median'], '.2f')} / {fmt(p['tpot_ms_p99'], '.2f')} | "
+            f"{fmt(p['interactivity_median'])} / {fmt(p['interactivity_p99'])} | {fmt(p[Y])} / "
+            f"{fmt(p['output_throughput_per_gpu'])} | {fmt(p['acceptance_length'], '.2f')} | "
+            f"{fmt(p['acceptance_rate'], '.3f')} / {fmt(p['acceptance_rate_responses'], '.3f')} |")
+    return "\n".join(lines)

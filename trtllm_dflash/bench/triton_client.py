@@ -1,0 +1,229 @@
+"""Triton clients for the llmapi-compatible model: HTTP `generate_stream` (SSE) and gRPC streaming.
+
+Requests carry only the inputs the model declares (read from its metadata), so one client drives
+both the dflash torch model and TensorRT-LLM's llmapi model; a missing `sampling_param_ignore_eos`
+is a warning (outputs may stop at EOS before OSL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import DFlashError
+from .clients import (HEALTH_TIMEOUT_S, Client, ClientSettings, ConnectionLost, RequestError, describe, error_text,
+                      http_get, http_session, json_event, sse_events)
+from .prompts import Prompt
+from .records import Chunk
+
+# Triton output tensor -> the record's server field
+FIELDS = {"num_output_tokens": "output_tokens", "total_accepted_draft_tokens": "accepted_draft_tokens",
+          "total_draft_tokens": "draft_tokens", "finish_reason": "finish_reason"}
+REQUIRED = ("text_input", "sampling_param_max_tokens")
+WANTED = ("sampling_param_ignore_eos", "sampling_param_exclude_input_from_output", "streaming")
+
+
+def request_inputs(settings: ClientSettings, declared: set[str], prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+    """Input name -> value, restricted to what the model declares."""
+    values = {"text_input": prompt.text, "streaming": True, "sampling_param_max_tokens": max_tokens,
+              "sampling_param_ignore_eos": settings.ignore_eos, "sampling_param_exclude_input_from_output": True,
+              "sampling_param_temperature": float(settings.temperature), "return_finish_reason": True}
+    return {k: v for k, v in values.items() if k in declared}
+
+
+def check_inputs(model: str, declared: set[str], warnings: list[str]) -> None:
+    missing = [name for name in REQUIRED if name not in declared]
+    if missing:
+        raise DFlashError(f"model {model!r} has no input {missing[0]!r}: not an llmapi-compatible text model "
+                          f"(inputs: {', '.join(sorted(declared))})")
+    for name in WANTED:
+        if name not in declared:
+            warnings.append(f"model {model!r} declares no input {name!r}: "
+                            + ("outputs may stop at EOS before OSL" if "eos" in name else "token counts may be off"))
+
+
+def server_fields(values: dict[str, Any]) -> dict[str, Any]:
+    return {FIELDS[k]: v for k, v in values.items() if k in FIELDS and v is not None}
+
+
+class TritonHttpClient(Client):
+    def __init__(self, settings: ClientSettings):
+        super().__init__(settings)
+        url = settings.url if "://" in settings.url else f"http://{settings.url}"
+        self.base = url.rstrip("/")
+        self.session = http_session()
+        self.declared: set[str] = set(REQUIRED)
+
+    async def close(self) -> None:
+        await self.session.close()
+
+    async def check(self) -> None:
+        model = self.settings.model
+        try:
+            status, body = await http_get(self.session, f"{self.base}/v2/health/ready")
+        except ConnectionLost as exc:
+            raise DFlashError(f"--url: no Triton server answers at {self.base} ({exc})") from None
+        if status != 200:
+            raise DFlashError(f"--url: the Triton server at {self.base} is not ready (HTTP {status})")
+        status, body = await http_get(self.session, f"{self.base}/v2/models/{model}")
+        if status != 200:
+            raise DFlashError(f"--model: {model!r} is not served at {self.base} ({error_text(body)})")
+        self.declared = {i["name"] for i in json.loads(body).get("inputs", [])}
+        status, _ = await http_get(self.session, f"{self.base}/v2/models/{model}/ready")
+        if status != 200:
+            raise DFlashError(f"--model: {model!r} at {self.base} is not ready")
+        check_inputs(model, self.declared, self.warnings)
+
+    async def healthy(self) -> bool:
+        try:
+            return (await http_get(self.session, f"{self.base}/v2/health/ready", HEALTH_TIMEOUT_S))[0] == 200
+        except ConnectionLost:
+            return False
+
+    async def server_info(self) -> dict[str, Any]:
+        status, body = await http_get(self.session, f"{self.base}/v2")
+        return json.loads(body) if status == 200 else {}
+
+    async def stream(self, prompt: Prompt, max_tokens: int) -> AsyncIterator[Chunk]:
+        import aiohttp
+
+        url = f"{self.base}/v2/models/{self.settings.model}/generate_stream"
+        body = request_inputs(self.settings, self.declared, prompt, max_tokens)
+        try:
+            async with self.session.post(url, json=body) as r:
+                if r.status != 200:
+                    raise RequestError(f"HTTP {r.status}: {error_text(await r.text())}")
+                async for data in sse_events(r):
+                    event = json_event(data)
+                    if "error" in event:
+                        raise RequestError(str(event["error"]))
+                    yield Chunk(event.get("text_output") or "", server_fields(event))
+        except (aiohttp.ClientError, OSError) as exc:
+            raise ConnectionLost(describe(exc)) from None
+
+
+class TritonGrpcClient(Client):
+    def __init__(self, settings: ClientSettings):
+        super().__init__(settings)
+        url = settings.url.removeprefix("grpc://").rstrip("/")
+        if "://" in url or not urlsplit(f"//{url}").port:
+            raise DFlashError(f"--url for triton-grpc is host:port (or grpc://host:port), got {settings.url!r}")
+        import grpc
+        from tritonclient.grpc import service_pb2_grpc
+
+        self.target = url
+        self.channel = grpc.aio.insecure_channel(url)
+        self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
+        self.declared: set[str] = set(REQUIRED)
+
+    async def close(self) -> None:
+        await self.channel.close()
+
+    async def check(self) -> None:
+        import grpc
+        from tritonclient.grpc import service_pb2 as pb
+
+        model = self.settings.model
+        try:
+            ready = await self.stub.ServerReady(pb.ServerReadyRequest(), timeout=HEALTH_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise DFlashError(f"--url: no Triton gRPC server answers at {self.target} ({exc.code().name}: "
+                              f"{exc.details()})") from None
+        if not ready.ready:
+            raise DFlashError(f"--url: the Triton server at {self.target} is not ready")
+        try:
+            meta = await self.stub.ModelMetadata(pb.ModelMetadataRequest(name=model), timeout=HEALTH_TIMEOUT_S)
+            ready = await self.stub.ModelReady(pb.ModelReadyRequest(name=model), timeout=HEALTH_TIMEOUT_S)
+        except grpc.aio.AioRpcError as exc:
+            raise DFlashError(f"--model: {model!r} is not served at {self.target} ({exc.details()})") from None
+        if not ready.ready:
+            raise DFlashError(f"--model: {model!r} at {self.target} is not ready")
+        self.declared = {i.name for i in meta.inputs}
+        check_inputs(model, self.declared, self.warnings)
+
+    async def healthy(self) -> bool:
+        import grpc
+        from tritonclient.grpc import service_pb2 as pb
+
+        try:
+            return (await self.stub.ServerReady(pb.ServerReadyRequest(), timeout=HEALTH_TIMEOUT_S)).ready
+        except grpc.aio.AioRpcError:
+            return False
+
+    async def server_info(self) -> dict[str, Any]:
+        from tritonclient.grpc import service_pb2 as pb
+
+        meta = await self.stub.ServerMetadata(pb.ServerMetadataRequest(), timeout=HEALTH_TIMEOUT_S)
+        return {"name": meta.name, "version": meta.version}
+
+    def infer_request(self, prompt: Prompt, max_tokens: int):
+        from tritonclient.grpc import service_pb2 as pb
+
+        req = pb.ModelInferRequest(model_name=self.settings.model)
+        for name, value in request_inputs(self.settings, self.declared, prompt, max_tokens).items():
+            tensor = req.inputs.add(name=name, shape=[1])
+            if isinstance(value, bool):
+                tensor.datatype = "BOOL"
+                tensor.contents.bool_contents.append(value)
+            elif isinstance(value, str):
+                tensor.datatype = "BYTES"
+                tensor.contents.bytes_contents.append(value.encode("utf-8"))
+            elif isinstance(value, float):
+                tensor.datatype = "FP32"
+                tensor.contents.fp32_contents.append(value)
+            else:
+                tensor.datatype = "INT32"
+                tensor.contents.int_contents.append(value)
+        # a decoupled model may end with an empty response; ask Triton to deliver it (it marks the end)
+        req.parameters["triton_enable_empty_final_response"].bool_param = True
+        return req
+
+    async def stream(self, prompt: Prompt, max_tokens: int) -> AsyncIterator[Chunk]:
+        import grpc
+
+        done = asyncio.Event()
+        request = self.infer_request(prompt, max_tokens)
+
+        async def requests():
+            yield request
+            await done.wait()  # keep our side of the stream open until the final response
+
+        call = self.stub.ModelStreamInfer(requests())
+        try:
+            async for response in call:
+                if response.error_message:
+                    raise RequestError(response.error_message)
+                chunk, final = parse_response(response.infer_response)
+                if chunk is not None:
+                    yield chunk
+                if final:
+                    return
+            raise ConnectionLost("the gRPC stream ended before the final response")
+        except grpc.aio.AioRpcError as exc:
+            kind = ConnectionLost if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED) \
+                else RequestError
+            raise kind(f"{exc.code().name}: {exc.details()}") from None
+        finally:
+            done.set()
+            call.cancel()
+
+
+def parse_response(infer_response) -> tuple[Chunk | None, bool]:
+    """-> (the chunk, or None for an empty final response; whether it is the last)."""
+    from tritonclient.grpc import InferResult
+
+    params = infer_response.parameters
+    final = params["triton_final_response"].bool_param if "triton_final_response" in params else False
+    if not infer_response.outputs:
+        return None, final
+    result = InferResult(infer_response)
+    values = {}
+    for output in infer_response.outputs:
+        array = result.as_numpy(output.name)
+        if array is not None and array.size:
+            item = array.reshape(-1)[0]
+            values[output.name] = item.decode("utf-8", "replace") if isinstance(item, bytes) else item.item()
+    return Chunk(values.get("text_output") or "", server_fields(values)), final
