@@ -25,7 +25,43 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--decoding", default="dflash", help="dflash (default) or plain: the target alone, the baseline")
     p.add_argument("--write-only", action="store_true", help="write the repository and exit")
     p.add_argument("--nodes", type=int, default=1, help="trtllm engines: nodes for the Slurm launch script")
+    p.add_argument("--print-launch", metavar="DIR", help="write the repository and launch scripts (one node, Slurm, "
+                   "benchmark job) into DIR, print how to run them, and exit")
+    p.add_argument("--layout", help="NODESxGPUS of the Slurm script (default 1xTP; NxTP: N replicas, one per node; "
+                   "trtllm NxG with N*G = TP: one group across nodes)")
+    p.add_argument("--image", help="container image of the Slurm scripts (pyxis --container-image)")
+    p.add_argument("--mounts", help="pyxis --container-mounts of the Slurm scripts, SRC:DST[,SRC:DST] "
+                   "(default: the engine, repository and script folders at their own paths)")
     return p
+
+
+def launch_spec(args, manifest, repo: Path):
+    """The launch layout from --layout, else from --nodes (N x TP/N); errors name the flag and value."""
+    from ..errors import DFlashError
+    from ..serve.launch import LaunchSpec, Layout
+
+    if args.nodes < 1 or manifest.tp_size % args.nodes:
+        raise DFlashError(f"--nodes {args.nodes} does not divide the engine's tp_size {manifest.tp_size}")
+    layout = Layout(args.nodes, manifest.tp_size // args.nodes)
+    if args.layout is not None:
+        layout = Layout.parse(args.layout)
+        if args.nodes != 1 and args.nodes != layout.nodes:
+            raise DFlashError(f"--nodes {args.nodes} contradicts --layout {layout}")
+    return LaunchSpec(Path(args.engine_dir).absolute(), manifest.backend, manifest.tp_size, repo, layout,
+                      args.model_name, args.decoding, args.max_batch_size, args.max_queue, args.http_port,
+                      args.grpc_port, args.metrics_port, args.image or "", args.mounts or "")
+
+
+def print_launch(spec, out: Path) -> None:
+    from ..serve.launch import write_launch_scripts
+
+    paths = {p.name: p for p in write_launch_scripts(spec, out)}
+    print(f"# {spec.backend} engine, tp_size {spec.tp_size}; Slurm layout {spec.layout} "
+          f"({spec.replicas} server{'s' if spec.replicas > 1 else ''}). DRY_RUN=1 prints each script's commands.")
+    print(f"bash {paths['launch_single_node.sh']}")
+    print(f"IMAGE={spec.container_image} sbatch {paths['launch_slurm.sbatch']}")
+    print(f"bash {paths['bench_job.sh']}    # or: SERVE_JOB_ID=JOB sbatch --dependency=after:JOB "
+          f"{paths['bench_job.sh']}")
 
 
 def run(argv: list[str] | None) -> int:
@@ -38,18 +74,18 @@ def run(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
     settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding)
     repo = Path(args.model_repo).absolute()
+    manifest = Manifest.read(Path(args.engine_dir))
+    spec = launch_spec(args, manifest, repo) if manifest.backend == "trtllm" or args.print_launch else None
     model_dir = write_repository(Path(args.engine_dir), repo, settings)
     print(f"model repository: {repo} (model '{args.model_name}')", file=sys.stderr)
-    manifest = Manifest.read(Path(args.engine_dir))
     if manifest.backend == "trtllm":
-        from ..serve.launch import LaunchSpec, write_launch_scripts
+        from ..serve.launch import write_launch_scripts
 
-        if manifest.tp_size % args.nodes:
-            raise DFlashError(f"--nodes {args.nodes} does not divide the engine's tp_size {manifest.tp_size}")
-        spec = LaunchSpec(repo, args.model_name, manifest.tp_size // args.nodes, args.nodes, args.http_port,
-                          args.grpc_port, args.metrics_port)
         for path in write_launch_scripts(spec, repo):
             print(f"launch script: {path}", file=sys.stderr)
+    if args.print_launch:
+        print_launch(spec, Path(args.print_launch))
+        return 0
     if args.write_only:
         return 0
     if manifest.backend == "trtllm" and not (model_dir / "1" / "model.py").exists():
