@@ -7,7 +7,8 @@ usage() {
 dflash-entrypoint ENGINE_DIR [dflash-serve options]
     Serve the engine on this node: write the Triton repository and the launch scripts
     (dflash-serve --print-launch $DFLASH_LAUNCH_DIR), then run launch_single_node.sh.
-    Ports come from DFLASH_HTTP_PORT, DFLASH_GRPC_PORT, DFLASH_METRICS_PORT.
+    Ports come from DFLASH_HTTP_PORT, DFLASH_GRPC_PORT, DFLASH_METRICS_PORT; DFLASH_DECODING is
+    dflash (default) or plain (the target alone: the benchmark baseline).
     DRY_RUN=1 prints the serving commands instead of running them.
 dflash-entrypoint healthcheck
     Exit 0 when Triton answers /v2/health/ready on DFLASH_HTTP_PORT.
@@ -21,6 +22,7 @@ launch=${DFLASH_LAUNCH_DIR:-/workspace/launch}
 http=${DFLASH_HTTP_PORT:-8000}
 grpc=${DFLASH_GRPC_PORT:-8001}
 metrics=${DFLASH_METRICS_PORT:-8002}
+decoding=${DFLASH_DECODING:-dflash}
 
 case "${1:-}" in
   "" | -h | --help)
@@ -41,6 +43,6 @@ if [ ! -f "$1/manifest.json" ]; then
 fi
 engine=$1
 shift
-dflash-serve "$engine" --model-repo "$repo" --print-launch "$launch" \
+dflash-serve "$engine" --model-repo "$repo" --print-launch "$launch" --decoding "$decoding" \
   --http-port "$http" --grpc-port "$grpc" --metrics-port "$metrics" "$@"
 exec bash "$launch/launch_single_node.sh"

@@ -38,8 +38,10 @@ def parser() -> argparse.ArgumentParser:
 def launch_spec(args, manifest, repo: Path):
     """The launch layout from --layout, else from --nodes (N x TP/N); errors name the flag and value."""
     from ..errors import DFlashError
-    from ..serve.launch import LaunchSpec, Layout
+    from ..serve.launch import LaunchSpec, Layout, check_safe
 
+    if args.print_launch:
+        check_safe("--print-launch", Path(args.print_launch).absolute())
     if args.nodes < 1 or manifest.tp_size % args.nodes:
         raise DFlashError(f"--nodes {args.nodes} does not divide the engine's tp_size {manifest.tp_size}")
     layout = Layout(args.nodes, manifest.tp_size // args.nodes)
