@@ -112,9 +112,11 @@ def json_event(data: str) -> dict[str, Any]:
 
 
 def error_text(body: str) -> str:
-    """The message inside a JSON error body ({"error": str | {"message"}}, {"message"}, {"detail"}), else the body."""
+    """The message inside a JSON error body ({"error": str | {"message"}}, {"message"}, {"detail"}; bare or as an
+    SSE `data:` line, as Triton's generate_stream answers), else the body."""
+    text = body.strip()
     try:
-        data = json.loads(body)
+        data = json.loads(text[5:] if text.startswith("data:") else text)
     except ValueError:
         return body.strip()[:500]
     if isinstance(data, dict):

@@ -33,6 +33,11 @@ class Phase:
     name: str  # the point's name, or 'warmup'
 
 
+def arrival_stream(seed: int, phase: str) -> random.Random:
+    """The random stream of a phase's Poisson gaps: the same arrivals for the same seed."""
+    return random.Random(f"{seed}:{phase}:arrivals")
+
+
 class LoadRunner:
     def __init__(self, client: Client, prompts: PromptSource, osl: int, timeout: float,
                  count_tokens: Callable[[str], int], clock: Callable[[], float] = time.perf_counter, seed: int = 0):
@@ -59,7 +64,7 @@ class LoadRunner:
         phase, n = self.phase, 0
         rate, cap = phase.point.rate, phase.point.concurrency
         slots = asyncio.Semaphore(cap) if cap else None
-        arrivals = random.Random(f"{self.seed}:{phase.name}:arrivals")
+        arrivals = arrival_stream(self.seed, phase.name)
         while self.more(n):
             if rate is not None:
                 await asyncio.sleep(arrivals.expovariate(rate))  # Poisson: exponential gaps, mean 1/rate s

@@ -43,5 +43,6 @@ class ClientMonitor:
     def warning(self) -> str | None:
         if self.cpu < BUSY_CPU and self.lag_ms < LATE_LOOP_MS:
             return None
-        return (f"the client may be the bottleneck (its CPU use {self.cpu:.0%} of a core, event-loop lag up to "
-                f"{self.lag_ms:.0f} ms): latencies include client delay; use fewer streams per client process")
+        return (f"the client may distort latencies: its CPU use {self.cpu:.0%} of a core, event-loop wake-ups up to "
+                f"{self.lag_ms:.0f} ms late (a busy client, or a machine short of CPU); use fewer streams per "
+                "client process or a less loaded client machine")

@@ -3,7 +3,9 @@
 Times are seconds on the client's monotonic clock: `start`/`end` since the point began, chunk
 times since the request was sent. A chunk may carry several tokens (speculative decoding accepts
 a block at once), so TPOT comes from the token count, never from the gaps between chunks:
-TPOT = (E2E - TTFT) / (OSL - 1).
+TPOT = (E2E - TTFT) / (OSL - 1). It is undefined for one output token, and for a response whose
+text arrived in a single chunk (E2E = TTFT says nothing about decode speed: a server holding back
+partial characters, or one that does not stream).
 """
 
 from __future__ import annotations
@@ -72,8 +74,8 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        """s per output token after the first; undefined for one token."""
-        if not self.ok or self.osl is None or self.osl < 2 or self.ttft is None:
+        """s per output token after the first."""
+        if not self.ok or self.osl is None or self.osl < 2 or len(self.chunk_times) < 2:
             return None
         return (self.e2e - self.ttft) / (self.osl - 1)
 

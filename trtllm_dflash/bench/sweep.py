@@ -161,6 +161,9 @@ class Sweep:
         if summary["osl_mismatches"]:
             warnings.append(f"{summary['osl_mismatches']} requests: the server's output token count differs from "
                             "the tokenizer's (the server's count is used)")
+        if summary["tpot_undefined"]:
+            warnings.append(f"{summary['tpot_undefined']} completed requests streamed their text in one chunk (or "
+                            "one token): no TPOT, left out of TPOT and interactivity")
         admitted = (summary["counters"] or {}).get("requests")
         if admitted is not None and admitted > sent:
             warnings.append(f"the server admitted {admitted:g} requests during the point, this client sent {sent}: "

@@ -192,6 +192,7 @@ class TritonGrpcClient(Client):
             await done.wait()  # keep our side of the stream open until the final response
 
         call = self.stub.ModelStreamInfer(requests())
+        final = False
         try:
             async for response in call:
                 if response.error_message:
@@ -207,8 +208,9 @@ class TritonGrpcClient(Client):
                 else RequestError
             raise kind(f"{exc.code().name}: {exc.details()}") from None
         finally:
-            done.set()
-            call.cancel()
+            done.set()  # half-close: after the final response the server ends the call normally
+            if not final:  # an error, a timeout or the caller stopped early: Triton cancels the request
+                call.cancel()
 
 
 def parse_response(infer_response) -> tuple[Chunk | None, bool]:

@@ -1,0 +1,130 @@
+"""The Pareto frontier, interpolation that never extrapolates, and `report` on hand-made run directories."""
+
+import csv
+import json
+
+import pytest
+
+from trtllm_dflash.bench.frontier import interpolate, pareto_frontier
+from trtllm_dflash.bench.report import make_report
+from trtllm_dflash.bench.spec import ReportSpec
+from trtllm_dflash.cli.bench import main
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_frontier_keeps_only_undominated_points():
+    points = [(10, 900), (20, 800), (15, 700),  # (15, 700) is dominated by (20, 800)
+              (40, 500), (40, 450), (80, 100), (5, 850), (None, 999), (30, None), (20, 800)]
+    assert pareto_frontier(points) == [(10, 900), (20, 800), (40, 500), (80, 100)]
+    assert pareto_frontier([]) == []
+    assert pareto_frontier([(1, 1)]) == [(1, 1)]
+
+
+def test_frontier_throughput_falls_as_interactivity_rises():
+    import random
+
+    rng = random.Random(0)
+    front = pareto_frontier((rng.uniform(1, 500), rng.uniform(1, 5000)) for _ in range(300))
+    xs, ys = [p[0] for p in front], [p[1] for p in front]
+    assert xs == sorted(xs) and ys == sorted(ys, reverse=True) and len(set(xs)) == len(xs)
+
+
+@pytest.mark.parametrize("method", ["pchip", "linear"])
+def test_interpolation_hits_the_points_and_never_extrapolates(method):
+    front = [(10, 900), (20, 800), (40, 500), (80, 100)]
+    got = interpolate(front, [5, 10, 20, 30, 40, 79.9, 80, 80.1, 1000], method)
+    assert got[0] is None and got[-2] is None and got[-1] is None  # outside [10, 80]
+    assert got[1] == pytest.approx(900) and got[2] == pytest.approx(800) and got[6] == pytest.approx(100)
+    assert 500 < got[3] < 800 and 100 < got[5] < 500  # monotone between neighbours: no overshoot
+    dense = interpolate(front, [10 + 0.5 * i for i in range(141)], method)
+    assert all(a >= b for a, b in zip(dense, dense[1:]))
+    if method == "linear":
+        assert got[3] == pytest.approx(650)
+
+
+def test_interpolation_of_one_or_no_points():
+    assert interpolate([(50, 300)], [50, 49, 51]) == [300, None, None]
+    assert interpolate([], [50]) == [None]
+
+
+def write_run(root, label, points, status="complete", num_gpus=1):
+    root.mkdir(parents=True)
+    summaries = []
+    for load, inter, tput, al in points:
+        tpot_ms = 1000 / inter
+        summaries.append({"point": f"c{load}", "concurrency": load, "request_rate": None, "load": load,
+                          "requests": 10, "completed": 10, "failed": 0, "ttft_ms_median": 20.0 * load,
+                          "ttft_ms_p99": 30.0 * load, "tpot_ms_median": tpot_ms, "tpot_ms_p99": tpot_ms * 1.2,
+                          "interactivity_median": inter, "interactivity_p99": inter / 1.2,
+                          "total_throughput_per_gpu": tput, "output_throughput_per_gpu": tput / 2,
+                          "acceptance_length": al, "acceptance_rate": None if al is None else (al - 1) / 7,
+                          "acceptance_rate_responses": None})
+    (root / "manifest.json").write_text(json.dumps({"label": label, "status": status, "num_gpus": num_gpus,
+                                                    "settings": {"api": "triton-http", "model": "m", "isl": 1024,
+                                                                 "osl": 1024, "dataset": None}}))
+    (root / "summary.json").write_text(json.dumps({"label": label, "status": status, "points": summaries}))
+    return root
+
+
+@pytest.fixture
+def two_runs(tmp_path):
+    # load, median interactivity, throughput per GPU, acceptance length
+    plain = write_run(tmp_path / "plain", "plain",
+                      [(1, 100, 200, None), (2, 90, 380, None), (4, 60, 700, None), (8, 40, 1200, None)])
+    dflash = write_run(tmp_path / "dflash", "dflash", [(1, 300, 500, 3.1), (2, 250, 900, 3.0), (4, 180, 1500, 2.9),
+                                                       (8, 120, 2400, 2.8), (16, 110, 2000, 2.8)], status="aborted")
+    return plain, dflash
+
+
+def test_report_table_ratios_and_na(two_runs, tmp_path):
+    plain, dflash = two_runs
+    report = make_report(ReportSpec((str(plain), str(dflash)), str(tmp_path / "rep"), "plain", (50, 100, 200, 400)))
+    rows = {(r["interactivity"], r["label"]): r for r in report.rows}
+    assert rows[(50, "plain")]["throughput_per_gpu"] == pytest.approx(
+        interpolate([(40, 1200), (60, 700), (90, 380), (100, 200)], [50])[0])
+    assert rows[(50, "dflash")]["throughput_per_gpu"] is None  # dflash's frontier starts at 120 tok/s/user
+    assert rows[(100, "plain")]["throughput_per_gpu"] == pytest.approx(200)
+    assert rows[(200, "plain")]["throughput_per_gpu"] is None and rows[(200, "plain")]["ratio_to_baseline"] is None
+    assert rows[(200, "dflash")]["throughput_per_gpu"] is not None and rows[(200, "dflash")]["ratio_to_baseline"] is None
+    assert rows[(400, "dflash")]["throughput_per_gpu"] is None
+    assert rows[(100, "plain")]["ratio_to_baseline"] == pytest.approx(1.0)
+
+    out = tmp_path / "rep"
+    table = list(csv.DictReader(open(out / "table.csv")))
+    assert {"interactivity", "label", "throughput_per_gpu", "ratio_to_baseline"} <= set(table[0])
+    assert [r["throughput_per_gpu"] for r in table if r["label"] == "dflash" and r["interactivity"] == "50.0"] == ["n/a"]
+    data = json.loads((out / "table.json").read_text())
+    assert data["baseline"] == "plain" and data["frontiers"]["dflash"][-1] == [300, 500]
+    assert [120, 2400] in data["frontiers"]["dflash"] and [110, 2000] not in data["frontiers"]["dflash"]
+    for png in ("frontier.png", "ttft_vs_throughput.png", "acceptance_vs_concurrency.png"):
+        assert (out / png).read_bytes()[:8] == PNG and (out / png).stat().st_size > 5000
+        assert f"]({png})" in (out / "report.md").read_text()
+    md = (out / "report.md").read_text()
+    assert f"| 50 | {rows[(50, 'plain')]['throughput_per_gpu']:.1f} | n/a |" in md
+    assert "aborted" in md  # a partial run is labelled as such
+
+
+def test_report_cli_ratio_against_baseline(two_runs, tmp_path, capsys):
+    plain, dflash = two_runs
+    code = main(["report", str(plain), str(dflash), "--baseline", "plain", "--interactivity", "100",
+                 "--output", str(tmp_path / "r2"), "--interpolation", "linear"])
+    assert code == 0
+    row = {r["label"]: r for r in json.loads((tmp_path / "r2" / "table.json").read_text())["rows"]}
+    # dflash's frontier has no point at 100 tok/s/user (it starts at 120): n/a, not an extrapolation
+    assert row["dflash"]["throughput_per_gpu"] is None and row["plain"]["throughput_per_gpu"] == pytest.approx(200)
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["report", "{missing}"], "not a dflash-bench run directory"),
+    (["report", "{plain}", "--baseline", "nope"], "--baseline: no run is labelled 'nope'"),
+    (["report", "{plain}", "--interactivity", "50,x"], "--interactivity: 'x' is not a positive number"),
+    (["report", "{plain}", "{plain}"], "two runs share the label 'plain'"),
+    (["report", "{plain}", "--interpolation", "cubic"], "--interpolation: unknown method 'cubic'"),
+])
+def test_report_bad_input_is_one_line(two_runs, tmp_path, capsys, args, needle):
+    plain, _ = two_runs
+    argv = [a.format(plain=plain, missing=tmp_path / "missing") for a in args] + ["--output", str(tmp_path / "x")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dflash-bench: error: ") and needle in err, err

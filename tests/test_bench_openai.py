@@ -1,0 +1,248 @@
+"""dflash-bench against a small OpenAI-compatible server (aiohttp, real HTTP on loopback, SSE streaming)."""
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from test_bench_prompts import byte_tokenizer
+from trtllm_dflash.bench.spec import SweepSpec
+from trtllm_dflash.bench.sweep import run_sweep
+from trtllm_dflash.cli.bench import main
+from trtllm_dflash.engine import free_port
+
+pytest.importorskip("aiohttp")
+
+
+class FakeOpenAI:
+    """Streams `max_tokens` x's, `per_chunk` a chunk (one token each with a byte tokenizer), like trtllm-serve."""
+
+    def __init__(self, ttft=0.05, gap=0.03, per_chunk=3, usage_extra=0, die_at=None, stall=False):
+        self.ttft, self.gap, self.per_chunk, self.usage_extra = ttft, gap, per_chunk, usage_extra
+        self.die_at, self.stall = die_at, stall
+        self.requests: list[tuple[str, dict]] = []
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self):
+        self.loop = asyncio.new_event_loop()
+        started = threading.Event()
+        self.thread = threading.Thread(target=self.serve, args=(started,), daemon=True)
+        self.thread.start()
+        assert started.wait(10)
+        return self
+
+    def __exit__(self, *exc):
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+    def serve(self, started):
+        from aiohttp import web
+
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/completions", self.complete)
+        app.router.add_post("/v1/chat/completions", self.complete)
+        self.runner = web.AppRunner(app, shutdown_timeout=0.1)  # stopping drops streams in flight
+        self.loop.run_until_complete(self.runner.setup())
+        self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
+        started.set()
+        self.loop.run_forever()
+
+    async def models(self, request):
+        from aiohttp import web
+
+        return web.json_response({"data": [{"id": "tiny", "object": "model"}]})
+
+    async def health(self, request):
+        from aiohttp import web
+
+        return web.Response(text="ok")
+
+    async def complete(self, request):
+        from aiohttp import web
+
+        body = await request.json()
+        self.requests.append((request.path, body))
+        if body.get("model") != "tiny":
+            return web.json_response({"error": {"message": f"model {body.get('model')} not found"}}, status=404)
+        if self.die_at and len(self.requests) == self.die_at:  # the server goes away mid-point
+            asyncio.get_running_loop().call_later(0.02, lambda: asyncio.ensure_future(self.runner.cleanup()))
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        chat = request.path.endswith("/chat/completions")
+
+        async def send(event):
+            await resp.write(f"data: {json.dumps(event)}\n\n".encode())
+
+        if chat:  # a role-only first chunk carries no token
+            await send({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]})
+        await asyncio.sleep(self.ttft)
+        if self.stall:
+            await asyncio.sleep(3600)
+        left = body["max_tokens"]
+        while left:
+            k = min(self.per_chunk, left)
+            left -= k
+            choice = {"index": 0, "delta": {"content": "x" * k}} if chat else {"index": 0, "text": "x" * k}
+            await send({"choices": [{**choice, "finish_reason": None if left else "length"}]})
+            if left:
+                await asyncio.sleep(self.gap)
+        if body.get("stream_options", {}).get("include_usage"):
+            prompt = sum(len(m["content"]) for m in body["messages"]) if chat else len(body["prompt"])
+            await send({"choices": [], "usage": {"prompt_tokens": prompt,
+                                                 "completion_tokens": body["max_tokens"] + self.usage_extra}})
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    return byte_tokenizer(tmp_path_factory.mktemp("tok") / "bytes")
+
+
+def spec(server, tok_dir, out, **extra):
+    settings = dict(url=server.url, model="tiny", api="openai", concurrency=(1, 2), prompts_per_point=4, warmup=1,
+                    isl=16, osl=12, tokenizer=str(tok_dir), output=str(out))
+    return SweepSpec(**{**settings, **extra})
+
+
+def read_jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_completions_sweep_measures_streamed_tokens(tok_dir, tmp_path):
+    with FakeOpenAI(ttft=0.05, gap=0.03, per_chunk=3) as server:
+        result = run_sweep(spec(server, tok_dir, tmp_path / "run"), progress=False, log=lambda m: None)
+    assert result.status == "complete" and [p["point"] for p in result.points] == ["c1", "c2"]
+    assert len(server.requests) == 2 * (1 + 4)  # a warm-up and four measured requests per point
+    for path, body in server.requests:
+        assert path == "/v1/completions" and body["stream"] is True and body["ignore_eos"] is True
+        assert body["max_tokens"] == 12 and body["stream_options"] == {"include_usage": True}
+        assert body["temperature"] == 0.0 and 13 <= len(body["prompt"]) <= 16  # ISL in [0.8 x 16, 16]
+    rows = read_jsonl(tmp_path / "run" / "requests.jsonl")
+    assert len(rows) == 8 and all(r["ok"] for r in rows)
+    for r in rows:
+        assert r["osl"] == r["osl_server"] == r["osl_tokenizer"] == 12 and not r["osl_mismatch"]
+        assert r["chunks"] == 4 and r["ttft_s"] >= 0.05
+        assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / 11)
+        assert r["tpot_s"] < 0.5 * min(r["itl_s"])  # three tokens a chunk: TPOT is about a third of a gap
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["status"] == "complete" and len(summary["points"]) == 2
+    p = summary["points"][1]
+    assert p["completed"] == 4 and p["output_tokens"] == 48 and p["tokens_per_chunk"] == 3
+    assert p["total_throughput_per_gpu"] == pytest.approx((p["input_tokens"] + 48) / p["duration_s"])
+    assert p["acceptance_length"] is None  # an OpenAI server without dflash counters: n/a, not zero
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["settings"]["api"] == "openai"
+    assert manifest["versions"]["aiohttp"] and manifest["points"] == ["c1", "c2"]
+    assert (tmp_path / "run" / "summary.csv").read_text().count("\n") == 3
+
+
+def test_chat_dataset_uses_the_chat_endpoint_and_skips_role_chunks(tok_dir, tmp_path):
+    from trtllm_dflash.bench.tokenizer import resolve_tokenizer
+
+    tok = resolve_tokenizer(str(tok_dir)).tokenizer
+    tok.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+    tok.save_pretrained(str(tmp_path / "chat-tok"))
+    data = tmp_path / "data.jsonl"
+    data.write_text(json.dumps({"messages": [{"role": "user", "content": "hello there"}], "category": "chat"})
+                    + "\n" + json.dumps({"prompt": "plain text"}) + "\n")
+    with FakeOpenAI(ttft=0.08, gap=0.01, per_chunk=2) as server:
+        run_sweep(spec(server, tmp_path / "chat-tok", tmp_path / "run", dataset=str(data), concurrency=(1,),
+                       warmup=0), progress=False, log=lambda m: None)
+    paths = {path for path, _ in server.requests}
+    assert paths == {"/v1/chat/completions", "/v1/completions"}
+    chat_bodies = [b for p, b in server.requests if p.endswith("chat/completions")]
+    assert chat_bodies[0]["messages"] == [{"role": "user", "content": "hello there"}]
+    rows = read_jsonl(tmp_path / "run" / "requests.jsonl")
+    assert all(r["ttft_s"] >= 0.08 for r in rows)  # the role chunk at t=0 is not the first token
+    assert {r["category"] for r in rows} == {"chat", None}
+    chat_isl = {r["isl"] for r in rows if r["category"] == "chat"}
+    assert chat_isl == {len("user: hello there\n")}  # the chat template applied, one token a byte
+
+
+def test_server_and_tokenizer_counts_disagreeing_is_flagged(tok_dir, tmp_path):
+    logs = []
+    with FakeOpenAI(usage_extra=1) as server:
+        result = run_sweep(spec(server, tok_dir, tmp_path / "run", concurrency=(1,)), progress=False,
+                           log=logs.append)
+    p = result.points[0]
+    assert p["osl_mismatches"] == 4 and p["output_tokens"] == 4 * 13  # the server's count is used
+    assert any("output token count differs" in w for w in p["warnings"])
+    assert any("warning: point c1" in line for line in logs)
+
+
+def test_stuck_requests_time_out_and_are_reported(tok_dir, tmp_path, capsys):
+    with FakeOpenAI(stall=True) as server:
+        code = main(["sweep", "--url", server.url, "--model", "tiny", "--api", "openai", "--concurrency", "2",
+                     "--prompts-per-point", "2", "--warmup", "0", "--isl", "8", "--osl", "4", "--timeout", "0.3",
+                     "--tokenizer", str(tok_dir), "--output", str(tmp_path / "run"), "--no-progress"])
+    assert code == 0  # the server is alive: the point completes with its failures counted
+    p = json.loads((tmp_path / "run" / "summary.json").read_text())["points"][0]
+    assert (p["requests"], p["completed"], p["failed"], p["timed_out"]) == (2, 0, 2, 2)
+    assert p["ttft_ms_median"] is None and p["total_throughput_per_gpu"] == 0
+    rows = read_jsonl(tmp_path / "run" / "requests.jsonl")
+    assert {r["error_kind"] for r in rows} == {"timeout"} and "stuck" in rows[0]["error"]
+    assert "2 of 2 requests failed (2 timed out)" in capsys.readouterr().err
+
+
+def test_server_dying_mid_point_keeps_partial_results(tok_dir, tmp_path, capsys):
+    with FakeOpenAI(ttft=0.02, gap=0.05, per_chunk=1, die_at=6) as server:
+        code = main(["sweep", "--url", server.url, "--model", "tiny", "--api", "openai", "--concurrency", "2,4",
+                     "--prompts-per-point", "12", "--warmup", "0", "--isl", "8", "--osl", "6", "--tokenizer",
+                     str(tok_dir), "--output", str(tmp_path / "run"), "--no-progress"])
+    assert code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("dflash-bench: error: sweep cut short: the server stopped answering")
+    assert str(tmp_path / "run") in err[-1]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["status"] == "aborted" and "during point c2" in manifest["error"]
+    points = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    assert [p["point"] for p in points] == ["c2"] and points[0]["status"] == "aborted"
+    rows = read_jsonl(tmp_path / "run" / "requests.jsonl")
+    assert len(rows) == points[0]["requests"] < 12
+    assert sum(r["ok"] for r in rows) == points[0]["completed"] >= 3
+    assert {r["error_kind"] for r in rows if not r["ok"]} <= {"connection", "cancelled"} and points[0]["failed"]
+
+
+@pytest.mark.parametrize("extra, needle", [
+    (["--model", "nope"], "--model: 'nope' is not served at http://127.0.0.1:{port} (served: tiny)"),
+    (["--concurrency", "1,two,4"], "--concurrency: 'two' is not a positive integer (in '1,two,4')"),
+    (["--concurrency", "0"], "--concurrency: '0' is not a positive integer"),
+    (["--concurrency", "1,,2"], "--concurrency: empty item in '1,,2'"),
+    (["--api", "grpc"], "--api: unknown API 'grpc'"),
+    (["--prompts-per-point", "3", "--duration", "5"], "--prompts-per-point and --duration exclude each other"),
+    (["--isl-range", "1.5"], "--isl-range must be in (0, 1], got 1.5"),
+    (["--osl", "many"], "argument --osl: invalid int value: 'many'"),
+    (["--dataset", "{tmp}/missing.jsonl"], "--dataset: no such file"),
+    (["--dataset", "{tmp}/bad.jsonl"], "bad.jsonl:2: not valid JSON"),
+    (["--tokenizer", "{tmp}/nowhere"], "--tokenizer: no such model or engine directory"),
+])
+def test_bad_input_is_one_line_and_exit_2(tok_dir, tmp_path, capsys, extra, needle):
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "fine"}\n{"prompt": \n')
+    with FakeOpenAI() as server:
+        argv = ["sweep", "--url", server.url, "--model", "tiny", "--api", "openai", "--tokenizer", str(tok_dir),
+                "--output", str(tmp_path / "run"), "--no-progress", *[a.format(tmp=tmp_path) for a in extra]]
+        assert main(argv) == 2
+        assert server.requests == []  # nothing was sent
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dflash-bench: error: "), err
+    assert needle.format(port=server.port) in err, err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unreachable_url_is_one_line(tok_dir, tmp_path, capsys):
+    url = f"http://127.0.0.1:{free_port()}"
+    for api in ("openai", "triton-http", "triton-grpc"):
+        target = url if api != "triton-grpc" else url.removeprefix("http://")
+        code = main(["sweep", "--url", target, "--model", "m", "--api", api, "--tokenizer", str(tok_dir),
+                     "--output", str(tmp_path / api)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith("dflash-bench: error: --url: no ") and "answers at" in err, err
+        assert not (tmp_path / api).exists()
