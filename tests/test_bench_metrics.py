@@ -1,7 +1,6 @@
 """dflash-bench metric math: a scripted clock and synthetic streams through the real load runner."""
 
 import asyncio
-import math
 
 import numpy as np
 import pytest
@@ -57,7 +56,8 @@ def chars(text: str) -> int:
     return len(text)
 
 
-def run_phase(client, clock, count=1, point=LoadPoint(1), timeout=60.0, isl=10):
+def run_phase(client, clock, count=1, point=None, timeout=60.0, isl=10):
+    point = point or LoadPoint(1)
     runner = LoadRunner(client, Prompts(isl), 16, timeout, chars, clock)
     return runner, asyncio.run(runner.run(Phase(point, count, None, 0, point.name)))
 
@@ -263,3 +263,26 @@ def test_poisson_arrivals_are_seeded_and_capped():
     starts = {r.index: r.start for r in recs}
     assert all(starts[i] >= due[i] - 1e-6 for i in range(10))
     assert due[-1] > 0.01  # the gaps are real waits (mean 5 ms each)
+
+
+def test_client_monitor_flags_a_blocked_event_loop():
+    import time
+
+    from trtllm_dflash.bench.monitor import ClientMonitor
+
+    async def blocked():
+        async with ClientMonitor() as monitor:
+            await asyncio.sleep(0.05)
+            end = time.perf_counter() + 0.3
+            while time.perf_counter() < end:  # client work that never yields: every timestamp is late
+                pass
+        return monitor
+
+    async def idle():
+        async with ClientMonitor() as monitor:
+            await asyncio.sleep(0.2)
+        return monitor
+
+    busy = asyncio.run(blocked())
+    assert busy.lag_ms >= 250 and "the client may distort latencies" in busy.warning()
+    assert asyncio.run(idle()).cpu < 0.5

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -106,6 +107,20 @@ def test_sweep_then_report_on_the_real_server(server, tmp_path, capsys):
     assert time.monotonic() - start < 90  # two sweeps and a report on 2 CPU cores
 
 
+def test_cpu_preset_sweeps_the_builtin_engine(server, tmp_path):
+    preset = Path(__file__).resolve().parent.parent / "benchmarks" / "presets" / "cpu-builtin.yaml"
+    ends = server["ends"]
+    assert main(["sweep", "--preset", str(preset), "--url", ends.http_url, "--metrics-url", ends.metrics_url,
+                 "--tokenizer", str(server["engine"]), "--prompts-per-point", "2", "--output", str(tmp_path / "run"),
+                 "--no-progress"]) == 0
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["settings"]["osl"] == 32 and manifest["settings"]["prompts_per_point"] == 2
+    points = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    assert [(p["point"], p["completed"], p["output_tokens"]) for p in points] == [
+        ("c1", 2, 64), ("c2", 2, 64), ("c4", 2, 64)]
+    assert all(p["counters"]["requests"] == 2 for p in points)  # warm-ups (2 per point) are not counted
+
+
 @pytest.mark.parametrize("api", ["triton-http", "triton-grpc"])
 def test_unknown_model_on_triton_is_one_line(server, tmp_path, capsys, api):
     argv = sweep_argv(server, tmp_path / "run", api=api)
@@ -160,7 +175,7 @@ def test_killed_server_ends_the_sweep_with_partial_results(builtin, tmp_path):
             time.sleep(0.1)
         os.killpg(srv["proc"].pid, signal.SIGKILL)  # tritonserver and its Python backend stubs
         srv["proc"].wait(30)
-        out, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -22,10 +22,12 @@ class ClientMonitor:
 
     async def __aenter__(self) -> ClientMonitor:
         self.wall0, self.cpu0 = time.perf_counter(), time.process_time()
+        self.due = self.wall0 + TICK_S  # when the watcher should wake next
         self.task = asyncio.create_task(self.watch())
         return self
 
     async def __aexit__(self, *exc) -> None:
+        self.late(time.perf_counter())  # a wake-up still overdue (the loop blocked until now) counts too
         self.task.cancel()
         try:
             await self.task
@@ -36,9 +38,12 @@ class ClientMonitor:
 
     async def watch(self) -> None:
         while True:
-            before = time.perf_counter()
+            self.due = time.perf_counter() + TICK_S
             await asyncio.sleep(TICK_S)
-            self.lag_ms = max(self.lag_ms, (time.perf_counter() - before - TICK_S) * 1000.0)
+            self.late(time.perf_counter())
+
+    def late(self, now: float) -> None:
+        self.lag_ms = max(self.lag_ms, (now - self.due) * 1000.0)
 
     def warning(self) -> str | None:
         if self.cpu < BUSY_CPU and self.lag_ms < LATE_LOOP_MS:

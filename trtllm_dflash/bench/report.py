@@ -127,24 +127,33 @@ def fmt(value: float | None, spec: str = ".1f") -> str:
     return NA if value is None else format(value, spec)
 
 
+INTRO = ("Throughput per GPU is total-token (input + output) throughput divided by the GPUs serving; "
+         "interactivity is 1000 / TPOT(ms) of the point's median TPOT, TPOT = (E2E - TTFT) / (OSL - 1).")
+PLOTS = ["![frontier](frontier.png)", "![TTFT against throughput](ttft_vs_throughput.png)",
+         "![acceptance length against load](acceptance_vs_concurrency.png)"]
+
+
 def markdown(report: Report, runs: list[Run], spec: ReportSpec) -> str:
-    lines = [f"# dflash-bench report", "", f"Generated {utc_now()} from {len(runs)} run(s). Throughput per GPU is "
-             "total-token (input + output) throughput divided by the GPUs serving; interactivity is 1000 / TPOT(ms) "
-             "of the point's median TPOT, TPOT = (E2E - TTFT) / (OSL - 1).", "", "## Runs", "",
-             "| label | status | API | model | ISL / OSL | GPUs | engine manifest | directory |", "|---|---|---|---|---|---|---|---|"]
+    note = (f"tok/s/GPU read off each run's Pareto frontier ({spec.interpolation} interpolation, never "
+            f"extrapolated); in brackets the ratio to `{report.baseline}`; {NA}: the run never reaches that "
+            "interactivity.")
+    sections = [
+        ["# dflash-bench report", f"Generated {utc_now()} from {len(runs)} run(s). {INTRO}"],
+        ["## Runs", runs_table(runs)],
+        ["## Throughput per GPU at fixed interactivity", headline_table(report, runs), note, *PLOTS],
+        ["## Points"] + [f"### {run.label}\n\n{points_table(run.points)}" for run in runs],
+    ]
+    return "\n\n".join(block for section in sections for block in section) + "\n"
+
+
+def runs_table(runs: list[Run]) -> str:
+    lines = ["| label | status | API | model | ISL / OSL | GPUs | engine manifest | directory |", "|---" * 8 + "|"]
     for run in runs:
         s, engine = run.manifest.get("settings", {}), run.manifest.get("engine") or {}
         shape = f"dataset {Path(s['dataset']).name}" if s.get("dataset") else f"{s.get('isl')} / {s.get('osl')}"
         digest = engine.get("manifest_sha256", "")[:12] or NA
         lines.append(f"| {run.label} | {run.status} | {s.get('api')} | {s.get('model')} | {shape} | "
                      f"{run.manifest.get('num_gpus')} | {digest} | `{run.dir}` |")
-    lines += ["", "## Throughput per GPU at fixed interactivity", "", headline_table(report, runs), "",
-              f"tok/s/GPU read off each run's Pareto frontier ({spec.interpolation} interpolation, never "
-              f"extrapolated); in brackets the ratio to `{report.baseline}`; {NA}: the run never reaches that "
-              "interactivity.", "", "![frontier](frontier.png)", "", "![TTFT against throughput](ttft_vs_throughput.png)",
-              "", "![acceptance length against load](acceptance_vs_concurrency.png)", "", "## Points", ""]
-    for run in runs:
-        lines += [f"### {run.label}", "", points_table(run.points), ""]
     return "\n".join(lines)
 
 

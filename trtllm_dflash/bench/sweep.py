@@ -119,13 +119,14 @@ class Sweep:
         if count:
             self.prompts.prefetch(self.next_prompt, count)
         before = await self.scrape()
-        bar = self.bar(point, count)
+        bar, failed = self.bar(point, count), [0]
 
         def on_record(rec):
             writer.record(rec.to_json())
             bar.update()
             if not rec.ok:
-                bar.set_postfix(failed=bar.n - sum(r.ok for r in runner.records))
+                failed[0] += 1
+                bar.set_postfix(failed=failed[0])
 
         async with ClientMonitor() as monitor:
             records = await runner.run(Phase(point, count, spec.duration, self.next_prompt, point.name), on_record)
