@@ -68,6 +68,7 @@ class FakeOpenAI:
 
         body = await request.json()
         self.requests.append((request.path, body))
+        self.auth = request.headers.get("Authorization")
         if body.get("model") != "tiny":
             return web.json_response({"error": {"message": f"model {body.get('model')} not found"}}, status=404)
         if self.die_at and len(self.requests) == self.die_at:  # the server goes away mid-point
@@ -115,10 +116,12 @@ def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_completions_sweep_measures_streamed_tokens(tok_dir, tmp_path):
+def test_completions_sweep_measures_streamed_tokens(tok_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
     with FakeOpenAI(ttft=0.05, gap=0.03, per_chunk=3) as server:
         result = run_sweep(spec(server, tok_dir, tmp_path / "run"), progress=False, log=lambda m: None)
     assert result.status == "complete" and [p["point"] for p in result.points] == ["c1", "c2"]
+    assert server.auth == "Bearer sk-test"
     assert len(server.requests) == 2 * (1 + 4)  # a warm-up and four measured requests per point
     for path, body in server.requests:
         assert path == "/v1/completions" and body["stream"] is True and body["ignore_eos"] is True
@@ -152,9 +155,11 @@ def test_chat_dataset_uses_the_chat_endpoint_and_skips_role_chunks(tok_dir, tmp_
     data = tmp_path / "data.jsonl"
     data.write_text(json.dumps({"messages": [{"role": "user", "content": "hello there"}], "category": "chat"})
                     + "\n" + json.dumps({"prompt": "plain text"}) + "\n")
+    logs = []
     with FakeOpenAI(ttft=0.08, gap=0.01, per_chunk=2) as server:
         run_sweep(spec(server, tmp_path / "chat-tok", tmp_path / "run", dataset=str(data), concurrency=(1,),
-                       warmup=0), progress=False, log=lambda m: None)
+                       warmup=0), progress=False, log=logs.append)
+    assert any("the dataset has 2 prompts and the sweep sends 4: prompts repeat" in line for line in logs)
     paths = {path for path, _ in server.requests}
     assert paths == {"/v1/chat/completions", "/v1/completions"}
     chat_bodies = [b for p, b in server.requests if p.endswith("chat/completions")]

@@ -78,13 +78,13 @@ def make_client(api: str, settings: ClientSettings) -> Client:
     return getattr(importlib.import_module(module), cls)(settings)
 
 
-def http_session(limit: int = 0):
+def http_session(headers: dict[str, str] | None = None):
     """An aiohttp session without a connection cap (the load generator is the cap) or a total timeout
     (the runner times requests out itself)."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
-    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=limit))
+    return aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0), headers=headers)
 
 
 async def sse_events(response) -> AsyncIterator[str]:
@@ -109,6 +109,17 @@ def json_event(data: str) -> dict[str, Any]:
     if not isinstance(event, dict):
         raise RequestError(f"malformed stream event: {data[:200]!r}")
     return event
+
+
+def json_body(body: str, what: str) -> dict[str, Any]:
+    """A check's JSON answer; DFlashError naming `what` when the server sent something else."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        raise DFlashError(f"{what} did not answer with a JSON object: {body[:200]!r}")
+    return data
 
 
 def error_text(body: str) -> str:

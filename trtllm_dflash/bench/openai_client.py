@@ -2,18 +2,19 @@
 
 Text prompts go to /v1/completions, chat prompts (`messages`) to /v1/chat/completions, both with
 stream=true (SSE, ending in `data: [DONE]`). `ignore_eos` is the servers' extension for fixed
-output lengths; `stream_options.include_usage` asks for the server's token counts.
+output lengths; `stream_options.include_usage` asks for the server's token counts. A server started
+with an API key gets it from $OPENAI_API_KEY.
 """
 
 from __future__ import annotations
 
-import json
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 from ..errors import DFlashError
 from .clients import Client, ClientSettings, ConnectionLost, RequestError, describe, error_text, http_get, \
-    http_session, json_event, sse_events
+    http_session, json_body, json_event, sse_events
 from .prompts import Prompt
 from .records import Chunk
 
@@ -48,7 +49,8 @@ class OpenAIClient(Client):
         super().__init__(settings)
         url = settings.url if "://" in settings.url else f"http://{settings.url}"
         self.base = url.rstrip("/").removesuffix("/v1")
-        self.session = http_session()
+        key = os.environ.get("OPENAI_API_KEY")
+        self.session = http_session(headers={"Authorization": f"Bearer {key}"} if key else None)
 
     async def close(self) -> None:
         await self.session.close()
@@ -63,7 +65,7 @@ class OpenAIClient(Client):
             return
         if status != 200:
             raise DFlashError(f"--url: {self.base}/v1/models answered HTTP {status}: {error_text(body)}")
-        served = [m.get("id") for m in json.loads(body).get("data", [])]
+        served = [m.get("id") for m in json_body(body, f"{self.base}/v1/models").get("data", []) if isinstance(m, dict)]
         if self.settings.model not in served:
             raise DFlashError(f"--model: {self.settings.model!r} is not served at {self.base} "
                               f"(served: {', '.join(map(str, served)) or 'none'})")

@@ -87,7 +87,7 @@ class Sweep:
         settings = ClientSettings(spec.url, spec.model, spec.temperature)
         async with make_client(spec.api, settings) as client, http_session() as self.session:
             await client.check()
-            for message in client.warnings:
+            for message in client.warnings + self.prompt_warnings():
                 self.warn(message)
             writer = RunWriter(run_dir(spec), self.manifest(await self.server_info(client), client))
             runner = LoadRunner(client, self.prompts, spec.osl, spec.timeout,
@@ -153,6 +153,16 @@ class Sweep:
         if failed:
             self.warn(f"{failed} of {n} warm-up requests of point {point.name} failed: {first_error(records)}")
         return n, failed
+
+    def prompt_warnings(self) -> list[str]:
+        spec, dataset = self.spec, self.prompts.dataset
+        if not dataset or spec.duration is not None:
+            return []
+        needed = sum(spec.warmup_for(p) + spec.requests_for(p) for p in spec.points)
+        if needed <= len(dataset):
+            return []
+        return [f"the dataset has {len(dataset)} prompts and the sweep sends {needed}: prompts repeat, and a "
+                "server that caches prefixes will look faster than it is"]
 
     def point_warnings(self, summary: dict, monitor: ClientMonitor, sent: int) -> list[str]:
         warnings = []

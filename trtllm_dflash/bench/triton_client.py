@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from ..errors import DFlashError
 from .clients import (HEALTH_TIMEOUT_S, Client, ClientSettings, ConnectionLost, RequestError, describe, error_text,
-                      http_get, http_session, json_event, sse_events)
+                      http_get, http_session, json_body, json_event, sse_events)
 from .prompts import Prompt
 from .records import Chunk
 
@@ -71,7 +71,8 @@ class TritonHttpClient(Client):
         status, body = await http_get(self.session, f"{self.base}/v2/models/{model}")
         if status != 200:
             raise DFlashError(f"--model: {model!r} is not served at {self.base} ({error_text(body)})")
-        self.declared = {i["name"] for i in json.loads(body).get("inputs", [])}
+        metadata = json_body(body, f"{self.base}/v2/models/{model}")
+        self.declared = {i.get("name") for i in metadata.get("inputs", []) if isinstance(i, dict)}
         status, _ = await http_get(self.session, f"{self.base}/v2/models/{model}/ready")
         if status != 200:
             raise DFlashError(f"--model: {model!r} at {self.base} is not ready")
