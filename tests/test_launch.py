@@ -175,7 +175,8 @@ def test_bench_job_on_this_host(tmp_path):
 
 
 def test_bench_job_parameters_and_baseline(tmp_path):
-    """An earlier `plain` run in OUT joins the report as its baseline; every parameter reaches the sweep."""
+    """An earlier `plain` run in OUT joins the report as its baseline; every parameter reaches the sweep;
+    the gRPC client gets host:grpc-port while readiness is asked over HTTP."""
     out = scripts(tmp_path, "trtllm", "1x8", 8)
     results = tmp_path / "results"
     (results / "runs" / "plain").mkdir(parents=True)
@@ -184,7 +185,7 @@ def test_bench_job_parameters_and_baseline(tmp_path):
     assert lines == [
         f"mkdir -p {results}/runs",
         "wait_ready http://node7:8000 60",
-        "dflash-bench sweep --url http://node7:8000 --model dflash --api triton-grpc --concurrency 1,2 "
+        "dflash-bench sweep --url node7:8001 --model dflash --api triton-grpc --concurrency 1,2 "
         "--tokenizer /data/engines/qwen3-8b --num-gpus 8 --prompts-per-point 40 --isl 1024 --osl 1024 "
         f"--preset /presets/1k1k.yaml --label dflash --output {results}/runs/dflash",
         f"dflash-bench report {results}/runs/plain {results}/runs/dflash --baseline plain --output {results}/report"]
@@ -350,3 +351,16 @@ def test_print_launch_into_a_path_the_scripts_cannot_carry(engines, tmp_path, ca
     assert code == 2
     assert err.splitlines() == [f"dflash-serve: error: --print-launch '{tmp_path}/my launch' has characters the "
                                 "launch scripts cannot carry (spaces, quotes, $, ...): use a plain path or name"]
+
+
+def test_resolve_layout_from_nodes_or_layout():
+    from trtllm_dflash.serve.launch import resolve_layout
+
+    assert resolve_layout(8) == Layout(1, 8)
+    assert resolve_layout(16, nodes=2) == Layout(2, 8)
+    assert resolve_layout(8, layout="2x8") == Layout(2, 8) and resolve_layout(8, 2, "2x8") == Layout(2, 8)
+    for args, message in [((8, 3), "--nodes 3 does not divide the engine's tp_size 8"),
+                          ((8, 2, "3x8"), "--nodes 2 contradicts --layout 3x8")]:
+        with pytest.raises(DFlashError) as err:
+            resolve_layout(*args)
+        assert str(err.value) == message

@@ -36,19 +36,12 @@ def parser() -> argparse.ArgumentParser:
 
 
 def launch_spec(args, manifest, repo: Path):
-    """The launch layout from --layout, else from --nodes (N x TP/N); errors name the flag and value."""
-    from ..errors import DFlashError
-    from ..serve.launch import LaunchSpec, Layout, check_safe
+    """The launch scripts' settings: --layout, else --nodes (N x TP/N); errors name the flag and value."""
+    from ..serve.launch import LaunchSpec, check_safe, resolve_layout
 
     if args.print_launch:
         check_safe("--print-launch", Path(args.print_launch).absolute())
-    if args.nodes < 1 or manifest.tp_size % args.nodes:
-        raise DFlashError(f"--nodes {args.nodes} does not divide the engine's tp_size {manifest.tp_size}")
-    layout = Layout(args.nodes, manifest.tp_size // args.nodes)
-    if args.layout is not None:
-        layout = Layout.parse(args.layout)
-        if args.nodes != 1 and args.nodes != layout.nodes:
-            raise DFlashError(f"--nodes {args.nodes} contradicts --layout {layout}")
+    layout = resolve_layout(manifest.tp_size, args.nodes, args.layout)
     return LaunchSpec(Path(args.engine_dir).absolute(), manifest.backend, manifest.tp_size, repo, layout,
                       args.model_name, args.decoding, args.max_batch_size, args.max_queue, args.http_port,
                       args.grpc_port, args.metrics_port, args.image or "", args.mounts or "")

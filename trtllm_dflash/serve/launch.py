@@ -71,6 +71,18 @@ class Layout:
         return self.nodes * self.gpus_per_node
 
 
+def resolve_layout(tp_size: int, nodes: int = 1, layout: str | None = None) -> Layout:
+    """--layout when given (it must agree with --nodes N > 1), else N x tp_size/N from --nodes."""
+    if nodes < 1 or tp_size % nodes:
+        raise DFlashError(f"--nodes {nodes} does not divide the engine's tp_size {tp_size}")
+    if layout is None:
+        return Layout(nodes, tp_size // nodes)
+    parsed = Layout.parse(layout)
+    if nodes != 1 and nodes != parsed.nodes:
+        raise DFlashError(f"--nodes {nodes} contradicts --layout {parsed}")
+    return parsed
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """Everything the scripts need; validated here so errors name the flag and the value."""
@@ -93,10 +105,14 @@ class LaunchSpec:
     def __post_init__(self):
         if self.backend not in BACKENDS:
             raise DFlashError(f"unknown engine backend {self.backend!r} (expected one of {', '.join(BACKENDS)})")
-        for what, value in (("engine directory", self.engine_dir), ("--model-repo", self.repo),
-                            ("--model-name", self.model_name), ("--image", self.image or "x"),
-                            ("--mounts", self.mounts or "x")):
-            check_safe(what, value)
+        for what, path in (("engine directory", self.engine_dir), ("--model-repo", self.repo)):
+            if not path.is_absolute():
+                raise DFlashError(f"{what} must be an absolute path in the launch scripts, got {str(path)!r}")
+        named = {"engine directory": self.engine_dir, "--model-repo": self.repo, "--model-name": self.model_name,
+                 "--image": self.image, "--mounts": self.mounts}
+        for what, value in named.items():
+            if value:  # an empty image or mounts means the defaults
+                check_safe(what, value)
         self.check_layout()
         ports = (self.http_port, self.grpc_port, self.metrics_port)
         if any(not 0 < p < 65536 for p in ports) or len(set(ports)) != 3:
@@ -230,6 +246,11 @@ server_urls() {
   if [ "$REPLICAS" = 1 ]; then hosts=$(head -n 1 <<<"$hosts"); fi  # rank 0's node serves
   for host in $hosts; do printf 'http://%s:%s ' "$host" "$PORT"; done
 }
+client_url() {  # the HTTP URL, or host:GRPC_PORT for --api triton-grpc
+  if [ "$API" != triton-grpc ]; then echo "$1"; return; fi
+  local host=${1#*://}
+  echo "${host%%[:/]*}:$GRPC_PORT"
+}
 wait_ready() {  # URL TIMEOUT_S
   local deadline=$((SECONDS + $2))
   until python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/v2/health/ready", timeout=5)' \
@@ -258,12 +279,13 @@ for url in "${urls[@]}"; do run wait_ready "$url" "$READY_TIMEOUT"; done
 runs=()
 if [ "${#urls[@]}" = 1 ]; then
   runs=("$OUT/runs/$LABEL")
-  run "${prefix[@]}" dflash-bench sweep --url "${urls[0]}" "${sweep[@]}" --label "$LABEL" --output "${runs[0]}"
+  run "${prefix[@]}" dflash-bench sweep --url "$(client_url "${urls[0]}")" "${sweep[@]}" --label "$LABEL" \
+    --output "${runs[0]}"
 else  # replicas: one sweep per server, at the same time; throughput adds up across them
   for i in "${!urls[@]}"; do
     runs+=("$OUT/runs/$LABEL-replica$i")
-    run_bg "${prefix[@]}" dflash-bench sweep --url "${urls[$i]}" "${sweep[@]}" --label "$LABEL-replica$i" \
-      --output "${runs[$i]}"
+    run_bg "${prefix[@]}" dflash-bench sweep --url "$(client_url "${urls[$i]}")" "${sweep[@]}" \
+      --label "$LABEL-replica$i" --output "${runs[$i]}"
   done
   wait_all
 fi
@@ -290,7 +312,8 @@ def bench_script(spec: LaunchSpec, out: Path) -> str:
             "IMAGE, MOUNTS")
     sbatch = ["--job-name=dflash-bench", "--nodes=1", "--ntasks=1"]
     return (header(spec, what, sbatch) + BACKGROUND +
-            f"MODEL={spec.model_name}\nENGINE={spec.engine_dir}\nPORT={spec.http_port}\n"
+            f"MODEL={spec.model_name}\nENGINE={spec.engine_dir}\n"
+            f"PORT={spec.http_port}\nGRPC_PORT={spec.grpc_port}\n"
             f"REPLICAS={spec.replicas}\nGPUS_PER_SERVER={per_server}\n" + params(spec, out) +
             f'OUT="${{OUT:-{out / "bench"}}}"\nLABEL="${{LABEL:-{spec.decoding}}}"\nBASELINE="${{BASELINE:-plain}}"\n'
             f'API="${{API:-triton-http}}"\nCONCURRENCY="${{CONCURRENCY:-{BENCH_CONCURRENCY}}}"\n'
