@@ -135,6 +135,9 @@ def test_copy_llmapi_model_copies_every_python_file(tmp_path):
                           env={"PATH": PATH, "LLMAPI_MODEL_DIR": str(src)})
     assert proc.returncode == 0, proc.stderr
     assert sorted(p.name for p in dest.iterdir()) == ["helpers.py", "model.py"]  # model.yaml is ours
+    # the variable of earlier scripts still works: the model.py path names the folder
+    assert dry(out / "copy_llmapi_model.sh", str(dest), LLMAPI_MODEL_PY=f"{src}/model.py") == [
+        f"cp {src}/helpers.py {src}/model.py {dest}/"]
 
 
 def test_copy_llmapi_model_finds_the_files_beside_tensorrt_llm(tmp_path):

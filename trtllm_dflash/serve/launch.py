@@ -166,7 +166,7 @@ def check_safe(what: str, value) -> None:
                           "(spaces, quotes, $, ...): use a plain path or name")
 
 
-def header(spec: LaunchSpec, what: str, sbatch: list[str] = ()) -> str:
+def header(spec: LaunchSpec, what: str, sbatch: tuple[str, ...] = ()) -> str:
     lines = ["#!/usr/bin/env bash", *(f"#SBATCH {s}" for s in sbatch),
              f"# Written by dflash-serve: {what}.",
              f"# Engine {spec.engine_dir} ({spec.backend}, tp_size {spec.tp_size}), model '{spec.model_name}'. "
@@ -188,6 +188,7 @@ def copy_llmapi_script() -> str:
 {PRELUDE}dest=${{1:?usage: copy_llmapi_model.sh DEST_DIR}}
 find_llmapi_model_dir() {{
   if [ -n "${{LLMAPI_MODEL_DIR:-}}" ]; then echo "$LLMAPI_MODEL_DIR"; return; fi
+  if [ -n "${{LLMAPI_MODEL_PY:-}}" ]; then dirname "$LLMAPI_MODEL_PY"; return; fi  # earlier scripts' variable
   local pkg
   pkg=$(python3 -c 'import importlib.util as u; print(u.find_spec("tensorrt_llm").submodule_search_locations[0])' \\
         2>/dev/null || true)
@@ -217,8 +218,8 @@ def slurm_script(spec: LaunchSpec, out: Path) -> str:
     what = (f"Slurm, {layout.nodes} node(s) x {layout.gpus_per_node} GPUs, "
             + (f"{replicas} data-parallel replicas (one server per node)" if replicas > 1
                else "one server" + (" (rank 0 of the group serves)" if layout.nodes > 1 else "")))
-    sbatch = ["--job-name=dflash-serve", f"--nodes={layout.nodes}", f"--ntasks-per-node={tasks}",
-              f"--gpus-per-node={layout.gpus_per_node}", "--exclusive"]
+    sbatch = ("--job-name=dflash-serve", f"--nodes={layout.nodes}", f"--ntasks-per-node={tasks}",
+              f"--gpus-per-node={layout.gpus_per_node}", "--exclusive")
     text = header(spec, what, sbatch) + params(spec, out) + CONTAINER
     if spec.backend == "torch":
         repo = REPLICA_REPO if replicas > 1 else spec.repo
@@ -310,7 +311,7 @@ def bench_script(spec: LaunchSpec, out: Path) -> str:
             "# Parameters (environment): URLS (space-separated; default from SERVE_JOB_ID, else this host), "
             "OUT, LABEL, BASELINE, API,\n# CONCURRENCY, PROMPTS_PER_POINT, ISL, OSL, PRESET, READY_TIMEOUT (s), "
             "IMAGE, MOUNTS")
-    sbatch = ["--job-name=dflash-bench", "--nodes=1", "--ntasks=1"]
+    sbatch = ("--job-name=dflash-bench", "--nodes=1", "--ntasks=1")
     return (header(spec, what, sbatch) + BACKGROUND +
             f"MODEL={spec.model_name}\nENGINE={spec.engine_dir}\n"
             f"PORT={spec.http_port}\nGRPC_PORT={spec.grpc_port}\n"
