@@ -163,8 +163,8 @@ def test_copy_llmapi_model_says_what_is_missing(tmp_path):
 
 
 def sweep(url: str, label: str, out: Path, gpus: int = 8, extra: str = "") -> str:
-    return (f"dflash-bench sweep --url {url} --model dflash --api triton-http --concurrency 1,2,4,8,16,32,64,128 "
-            f"--tokenizer /data/engines/qwen3-8b --num-gpus {gpus}{extra} --label {label} --output {out}/runs/{label}")
+    return (f"dflash-bench sweep --url {url} --model dflash --tokenizer /data/engines/qwen3-8b --num-gpus {gpus} "
+            f"--concurrency 1,2,4,8,16,32,64,128{extra} --label {label} --output {out}/runs/{label}")
 
 
 def test_bench_job_on_this_host(tmp_path):
@@ -188,10 +188,18 @@ def test_bench_job_parameters_and_baseline(tmp_path):
     assert lines == [
         f"mkdir -p {results}/runs",
         "wait_ready http://node7:8000 60",
-        "dflash-bench sweep --url node7:8001 --model dflash --api triton-grpc --concurrency 1,2 "
-        "--tokenizer /data/engines/qwen3-8b --num-gpus 8 --prompts-per-point 40 --isl 1024 --osl 1024 "
+        "dflash-bench sweep --url node7:8001 --model dflash --tokenizer /data/engines/qwen3-8b --num-gpus 8 "
+        "--api triton-grpc --concurrency 1,2 --prompts-per-point 40 --isl 1024 --osl 1024 "
         f"--preset /presets/1k1k.yaml --label dflash --output {results}/runs/dflash",
         f"dflash-bench report {results}/runs/plain {results}/runs/dflash --baseline plain --output {results}/report"]
+
+
+def test_bench_job_leaves_a_preset_its_load_points(tmp_path):
+    """dflash-bench lets flags win over a preset: without CONCURRENCY or API the preset's own apply."""
+    out = scripts(tmp_path, "trtllm", "1x8", 8)
+    assert dry(out / "bench_job.sh", PRESET="/presets/1k1k.yaml")[2] == (
+        "dflash-bench sweep --url http://127.0.0.1:8000 --model dflash --tokenizer /data/engines/qwen3-8b "
+        f"--num-gpus 8 --preset /presets/1k1k.yaml --label dflash --output {out}/bench/runs/dflash")
 
 
 def fake_slurm(tmp_path: Path) -> str:

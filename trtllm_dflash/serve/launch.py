@@ -266,7 +266,11 @@ if [ -n "${SLURM_JOB_ID:-}" ] && [ -n "$IMAGE" ]; then  # as a Slurm job: the cl
   prefix=(srun --nodes=1 --ntasks=1 --overlap --container-image="$IMAGE")
   if [ -n "$MOUNTS" ]; then prefix+=(--container-mounts="$MOUNTS"); fi
 fi
-sweep=(--model "$MODEL" --api "$API" --concurrency "$CONCURRENCY" --tokenizer "$ENGINE" --num-gpus "$GPUS_PER_SERVER")
+# flags win over a preset (dflash-bench), so API and CONCURRENCY go only where set, or where no preset is given
+if [ -z "$PRESET" ] && [ -z "$CONCURRENCY" ]; then CONCURRENCY=$DEFAULT_CONCURRENCY; fi
+sweep=(--model "$MODEL" --tokenizer "$ENGINE" --num-gpus "$GPUS_PER_SERVER")
+if [ -n "$API" ]; then sweep+=(--api "$API"); fi
+if [ -n "$CONCURRENCY" ]; then sweep+=(--concurrency "$CONCURRENCY"); fi
 if [ -n "$PROMPTS_PER_POINT" ]; then sweep+=(--prompts-per-point "$PROMPTS_PER_POINT"); fi
 if [ -n "$ISL" ]; then sweep+=(--isl "$ISL"); fi
 if [ -n "$OSL" ]; then sweep+=(--osl "$OSL"); fi
@@ -317,7 +321,7 @@ def bench_script(spec: LaunchSpec, out: Path) -> str:
             f"PORT={spec.http_port}\nGRPC_PORT={spec.grpc_port}\n"
             f"REPLICAS={spec.replicas}\nGPUS_PER_SERVER={per_server}\n" + params(spec, out) +
             f'OUT="${{OUT:-{out / "bench"}}}"\nLABEL="${{LABEL:-{spec.decoding}}}"\nBASELINE="${{BASELINE:-plain}}"\n'
-            f'API="${{API:-triton-http}}"\nCONCURRENCY="${{CONCURRENCY:-{BENCH_CONCURRENCY}}}"\n'
+            f'API="${{API:-}}"\nCONCURRENCY="${{CONCURRENCY:-}}"\nDEFAULT_CONCURRENCY={BENCH_CONCURRENCY}\n'
             'PROMPTS_PER_POINT="${PROMPTS_PER_POINT:-}"\nISL="${ISL:-}"\nOSL="${OSL:-}"\nPRESET="${PRESET:-}"\n'
             f'READY_TIMEOUT="${{READY_TIMEOUT:-{READY_TIMEOUT_S}}}"\n' + BENCH_BODY)
 
