@@ -26,7 +26,7 @@ def generate_json(*args) -> dict:
 
 def test_generate_json_contract_with_builtin_pair(builtin):
     prompt = ",".join(map(str, held_out_prompts(1)[0]))
-    spec = generate_json("--target", "builtin", "--drafter", "builtin", "--prompt-ids", prompt,
+    spec = generate_json("--target", str(builtin[0]), "--drafter", str(builtin[1]), "--prompt-ids", prompt,
                          "--max-new-tokens", "40", "--ignore-eos")
     plain = generate_json("--target", str(builtin[0]), "--prompt-ids", prompt, "--max-new-tokens", "40",
                           "--ignore-eos")

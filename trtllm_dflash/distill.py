@@ -3,7 +3,7 @@
 One random anchor per sequence and step; the block is [anchor, MASK, ...]; its queries see
 the context strictly before the anchor and every slot of their block; the loss is
 cross-entropy on the B - 1 masked slots weighted w_k = exp(-(k - 1) / gamma). Used to make the
-built-in pair and the test fixtures; the full trainer (`dflash-train`) builds on it.
+built-in pair and the test fixtures; the full trainer is `dflash-train` (trtllm_dflash/train/).
 """
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from .generator import Generator
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel, TargetStep
 from .request import Request
 from .speculative import AutoregressiveProposer
+from .train.objective import block_loss, decay_weights
 
-GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
 def target_continuations(target: TargetModel, prompts: list[list[int]], new_tokens: int) -> torch.Tensor:
@@ -47,7 +46,7 @@ def fit_drafter(target: TargetModel, drafter: DFlashDrafter, sequences: torch.Te
     block = cfg.block_size
     target.requires_grad_(False)  # shared embedding and LM head stay frozen
     features = capture_features(target, sequences, cfg.target_layer_ids)
-    weights = torch.exp(-torch.arange(block - 1) / GAMMA.get(block, block / 2))
+    weights = decay_weights(block)
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr, weight_decay=0.0)
     warmup = max(1, steps // 25)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -67,31 +66,3 @@ def fit_drafter(target: TargetModel, drafter: DFlashDrafter, sequences: torch.Te
         losses.append(loss.item())
     drafter.eval()
     return losses
-
-
-def block_sparse_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.Tensor:
-    """anchors [B, A] -> [B, 1, A*K, S + A*K]: a block's queries see the context strictly before
-    its anchor and every slot of their own block, nothing of other blocks."""
-    b, a = anchors.shape
-    ctx = torch.arange(seq_len)[None, None, :] < anchors[:, :, None]  # [B, A, S]
-    ctx = ctx.repeat_interleave(block, dim=1)  # [B, A*K, S]
-    block_id = torch.arange(a).repeat_interleave(block)
-    own = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)  # [B, A*K, A*K]
-    return torch.cat([ctx, own], dim=2)[:, None]
-
-
-def block_loss(drafter, target, seqs, feats, anchors, weights) -> torch.Tensor:
-    """Weighted CE over packed blocks. seqs: [B, S]; feats: [B, S, F]; anchors: [B, A] positions."""
-    cfg = drafter.config
-    block, (b, a), s = cfg.block_size, anchors.shape, seqs.shape[1]
-    idx = anchors[..., None] + torch.arange(block)  # [B, A, K] positions of each block slot
-    tokens = seqs.gather(1, idx.view(b, -1)).view(b, a, block)
-    labels = tokens[..., 1:]  # slot k predicts the token at slot k
-    inputs = torch.full_like(tokens, cfg.mask_token_id)
-    inputs[..., 0] = tokens[..., 0]
-    ctx = drafter.context_kv(feats, torch.arange(s).expand(b, -1))
-    embeds = target.embed_tokens(inputs.view(b, -1)) * cfg.input_embedding_scale
-    hidden = drafter(embeds, idx.view(b, -1), ctx, None, block_sparse_mask(anchors, s, block))
-    logits = drafter.logits(hidden.view(b, a, block, -1)[:, :, 1:], target.lm_head)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="none")
-    return (ce.view(labels.shape) * weights).sum() / (weights.sum() * b * a)

@@ -23,10 +23,10 @@ def run_cli(prog: str, body: Callable[[], int | None]) -> int:
 
 
 def model_path(name: str | None, role: str) -> str | Path | None:
-    """`builtin` names the built-in tiny pair (made on first use); anything else is a path or hub id."""
+    """`builtin` names the shipped built-in pair (trtllm_dflash/pairs/stdlib); anything else is a path or hub id."""
     if name != BUILTIN:
         return name
-    from ..builtin import builtin_pair
+    from ..pairs import stdlib_pair
 
-    target, drafter = builtin_pair()
+    target, drafter = stdlib_pair()
     return target if role == "target" else drafter

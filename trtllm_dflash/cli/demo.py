@@ -1,4 +1,10 @@
-"""dflash-demo: the README's main job on the built-in pair (DFlash against plain decoding)."""
+"""dflash-demo: the README's main job on the built-in pair.
+
+build (a torch engine) -> exactness check (greedy DFlash == plain, token for token) -> serve with
+the real tritonserver, DFlash then plain decoding -> a concurrency sweep against each with
+dflash-bench -> a report with the fixed-interactivity table and plots. Everything lands under
+--output; the last lines printed are the table and where the report is.
+"""
 
 from __future__ import annotations
 
@@ -6,43 +12,109 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
-from ..builtin import builtin_pair, held_out_prompts
-from ..compare import compare
-from ..pipeline import load_pipeline
-from ..request import Request
 from .common import run_cli
 
 PROG = "dflash-demo"
-NOT_YET = ("dflash-bench (interactivity/throughput sweeps) and dflash-train are not part of this release yet; "
-           "dflash-build and dflash-serve are (see the README)")
+MODEL = "dflash"
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Generate with the built-in pair: DFlash against plain decoding.")
-    p.add_argument("--prompts", type=int, default=8, help="held-out prompts, one at a time (batch 1)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p = argparse.ArgumentParser(prog=PROG, description="Build, serve and benchmark the built-in pair: DFlash vs plain.")
+    p.add_argument("--output", default="build/demo", help="working directory (engine, repositories, runs, report)")
+    p.add_argument("--concurrency", default="1,2,4,8", help="sweep ladder")
+    p.add_argument("--prompts-per-point", type=int, default=16)
+    p.add_argument("--osl", type=int, default=128, help="output tokens per request (EOS ignored)")
+    p.add_argument("--interactivity", default="40,80,120,160", help="tok/s/user levels of the table (CPU-sized)")
+    p.add_argument("--check-prompts", type=int, default=4, help="held-out prompts of the exactness check")
     return p
 
 
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def build(out: Path) -> Path:
+    from ..build.builder import build_engine
+    from ..build.spec import BuildSpec
+    from ..pairs import stdlib_pair
+
+    target, drafter = stdlib_pair()
+    spec = BuildSpec(str(target), str(drafter), str(out / "engine"), dtype="float32", max_batch_size=16,
+                     max_seq_len=1024, force=True)
+    return build_engine(spec, f"{PROG} (built-in pair)")
+
+
+def check_exact(engine: Path, prompts: list[str], new_tokens: int) -> float:
+    """Greedy DFlash output equals plain decoding's on held-out prompts; -> pooled tau."""
+    from ..engine import load_engine
+    from ..errors import DFlashError
+    from ..request import Request
+
+    spec, plain = load_engine(engine), load_engine(engine, decoding="plain")
+    requests = [Request(tuple(spec.tokenizer(p, add_special_tokens=False)["input_ids"]), new_tokens, ignore_eos=True)
+                for p in prompts]
+    a, b = spec.generator.generate(requests), plain.generator.generate(requests)
+    if [r.output_ids for r in a] != [r.output_ids for r in b]:
+        raise DFlashError("DFlash output differs from plain decoding: the engine is not lossless")
+    steps = [n for r in a for n in r.acceptance_lengths]
+    return sum(steps) / len(steps)
+
+
+def sweep(engine: Path, out: Path, decoding: str, args, dataset: Path) -> Path:
+    """Serve the engine with `decoding`, sweep it, stop the server; -> the run directory."""
+    from ..bench.report import load_run  # noqa: F401  (fails early if the bench extra is missing)
+    from ..engine import free_port
+    from ..errors import DFlashError
+    from ..serve.locate import find_tritonserver
+    from ..serve.repository import ServeSettings, write_repository
+    from ..serve.server import Endpoints, start_server, stop_server, wait_ready
+    from .bench import main as bench_main
+
+    repo, run_dir = out / f"repo-{decoding}", out / "runs" / decoding
+    write_repository(engine, repo, ServeSettings(MODEL, decoding=decoding))
+    ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    with open(out / f"server-{decoding}.log", "w") as server_log:
+        proc = start_server(find_tritonserver(out / ".triton"), repo, ends, server_log)
+        try:
+            wait_ready(proc, ends, timeout=300)
+            log(f"serving {decoding} on {ends.http_url}; sweeping concurrency {args.concurrency}")
+            code = bench_main(["sweep", "--url", ends.http_url, "--model", MODEL, "--concurrency", args.concurrency,
+                               "--prompts-per-point", str(args.prompts_per_point), "--osl", str(args.osl),
+                               "--dataset", str(dataset), "--tokenizer", str(engine), "--label", decoding,
+                               "--output", str(run_dir), "--metrics-url", f"{ends.metrics_url}/metrics"])
+        finally:
+            stop_server(proc)
+    if code != 0:
+        raise DFlashError(f"the {decoding} sweep failed (exit {code}); see {run_dir} and {out}/server-{decoding}.log")
+    return run_dir
+
+
 def run(argv: list[str] | None) -> int:
+    from ..pairs import held_out_texts
+    from .bench import main as bench_main
+
     args = parser().parse_args(argv)
+    out = Path(args.output).absolute()
+    out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    target, drafter = builtin_pair()
-    print(f"built-in pair: {target.parent} (ready in {time.perf_counter() - t0:.1f} s)", file=sys.stderr)
-    spec, plain = load_pipeline(target, drafter), load_pipeline(target)
-    requests = [Request(tuple(p), args.max_new_tokens, ignore_eos=True) for p in held_out_prompts(args.prompts)]
-    result = compare(spec.generator, plain.generator, requests)
-    if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
-    else:
-        print(f"{args.prompts} held-out prompts, {args.max_new_tokens} new tokens each, greedy, batch 1, CPU\n")
-        print(result.table())
-        sample = spec.tokenizer.decode(requests[0].prompt_ids)
-        print(f"\nfirst prompt {sample!r}; the built-in target is random, so its text is not meant to read.")
-        print(f"not yet: {NOT_YET}.", file=sys.stderr)
-    return 0 if result.identical_outputs else 1
+    engine = build(out)
+    log(f"built {engine}")
+    texts = held_out_texts(64)
+    dataset = out / "prompts.jsonl"
+    dataset.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
+    tau = check_exact(engine, texts[:args.check_prompts], args.osl)
+    log(f"exact: greedy DFlash == plain on {args.check_prompts} held-out prompts (tau {tau:.2f}, block 16)")
+    runs = [sweep(engine, out, decoding, args, dataset) for decoding in ("dflash", "plain")]
+    report = out / "report"
+    code = bench_main(["report", *map(str, runs), "--baseline", "plain", "--interactivity", args.interactivity,
+                       "--output", str(report)])
+    if code != 0:
+        return code
+    print((report / "report.md").read_text())
+    log(f"done in {time.perf_counter() - t0:.0f} s; report: {report / 'report.md'}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
