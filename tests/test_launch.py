@@ -115,7 +115,29 @@ def test_ports_model_name_and_settings_reach_the_commands(tmp_path):
         "--max-batch-size 32 --max-queue 64 --host 0.0.0.0 --http-port 9000 --grpc-port 9001 --metrics-port 9002"]
     bench = dry(out / "bench_job.sh")
     assert bench[1] == "wait_ready http://127.0.0.1:9000 1800"
-    assert "--model qwen" in bench[2] and "--label plain" in bench[2]
+    assert bench[2].startswith("dflash-bench sweep --url http://127.0.0.1:9000 --metrics-url "
+                               "http://127.0.0.1:9002/metrics --model qwen ")
+    assert "--num-gpus 2" in bench[2] and "--label plain" in bench[2]
+
+
+def test_bench_job_commands_parse_with_dflash_bench(tmp_path):
+    """Every flag the job passes is one dflash-bench takes, with the values it means."""
+    from trtllm_dflash.cli.bench import parser
+
+    out = scripts(tmp_path, "trtllm", "2x8", 8)
+    (tmp_path / "o" / "runs" / "plain").mkdir(parents=True)
+    lines = dry(out / "bench_job.sh", OUT=str(tmp_path / "o"), API="triton-grpc", CONCURRENCY="1,2", ISL="8",
+                OSL="4", PROMPTS_PER_POINT="3", PRESET="/p.yaml", URLS="http://a:8000 http://b:8000")
+    commands = [line.removesuffix(" &").split() for line in lines if line.startswith("dflash-bench")]
+    sweeps = [parser().parse_args(words[1:]) for words in commands if words[1] == "sweep"]
+    assert [(a.url, a.metrics_url, a.label, a.num_gpus) for a in sweeps] == [
+        ("a:8001", "http://a:8002/metrics", "dflash-replica0", 8), ("b:8001", "http://b:8002/metrics",
+                                                                    "dflash-replica1", 8)]
+    assert (sweeps[0].api, sweeps[0].concurrency, sweeps[0].isl, sweeps[0].osl, sweeps[0].prompts_per_point,
+            sweeps[0].preset, sweeps[0].tokenizer) == ("triton-grpc", "1,2", 8, 4, 3, "/p.yaml", str(ENGINE))
+    report = parser().parse_args(commands[-1][1:])
+    assert report.command == "report" and report.baseline == "plain"
+    assert report.runs == [f"{tmp_path}/o/runs/{label}" for label in ("plain", "dflash-replica0", "dflash-replica1")]
 
 
 def fake_llmapi_dir(root: Path) -> Path:
@@ -162,9 +184,11 @@ def test_copy_llmapi_model_says_what_is_missing(tmp_path):
                                    "set LLMAPI_MODEL_DIR")
 
 
-def sweep(url: str, label: str, out: Path, gpus: int = 8, extra: str = "") -> str:
-    return (f"dflash-bench sweep --url {url} --model dflash --tokenizer /data/engines/qwen3-8b --num-gpus {gpus} "
-            f"--concurrency 1,2,4,8,16,32,64,128{extra} --label {label} --output {out}/runs/{label}")
+def sweep(url: str, label: str, out: Path, gpus: int = 8) -> str:
+    host = url.split("//")[1].split(":")[0]
+    return (f"dflash-bench sweep --url {url} --metrics-url http://{host}:8002/metrics --model dflash "
+            f"--tokenizer /data/engines/qwen3-8b --num-gpus {gpus} --concurrency 1,2,4,8,16,32,64,128 "
+            f"--label {label} --output {out}/runs/{label}")
 
 
 def test_bench_job_on_this_host(tmp_path):
@@ -188,7 +212,8 @@ def test_bench_job_parameters_and_baseline(tmp_path):
     assert lines == [
         f"mkdir -p {results}/runs",
         "wait_ready http://node7:8000 60",
-        "dflash-bench sweep --url node7:8001 --model dflash --tokenizer /data/engines/qwen3-8b --num-gpus 8 "
+        "dflash-bench sweep --url node7:8001 --metrics-url http://node7:8002/metrics --model dflash "
+        "--tokenizer /data/engines/qwen3-8b --num-gpus 8 "
         "--api triton-grpc --concurrency 1,2 --prompts-per-point 40 --isl 1024 --osl 1024 "
         f"--preset /presets/1k1k.yaml --label dflash --output {results}/runs/dflash",
         f"dflash-bench report {results}/runs/plain {results}/runs/dflash --baseline plain --output {results}/report"]
@@ -198,8 +223,9 @@ def test_bench_job_leaves_a_preset_its_load_points(tmp_path):
     """dflash-bench lets flags win over a preset: without CONCURRENCY or API the preset's own apply."""
     out = scripts(tmp_path, "trtllm", "1x8", 8)
     assert dry(out / "bench_job.sh", PRESET="/presets/1k1k.yaml")[2] == (
-        "dflash-bench sweep --url http://127.0.0.1:8000 --model dflash --tokenizer /data/engines/qwen3-8b "
-        f"--num-gpus 8 --preset /presets/1k1k.yaml --label dflash --output {out}/bench/runs/dflash")
+        "dflash-bench sweep --url http://127.0.0.1:8000 --metrics-url http://127.0.0.1:8002/metrics --model dflash "
+        f"--tokenizer /data/engines/qwen3-8b --num-gpus 8 --preset /presets/1k1k.yaml --label dflash "
+        f"--output {out}/bench/runs/dflash")
 
 
 def fake_slurm(tmp_path: Path) -> str:

@@ -247,10 +247,9 @@ server_urls() {
   if [ "$REPLICAS" = 1 ]; then hosts=$(head -n 1 <<<"$hosts"); fi  # rank 0's node serves
   for host in $hosts; do printf 'http://%s:%s ' "$host" "$PORT"; done
 }
+host_of() { local host=${1#*://}; echo "${host%%[:/]*}"; }
 client_url() {  # the HTTP URL, or host:GRPC_PORT for --api triton-grpc
-  if [ "$API" != triton-grpc ]; then echo "$1"; return; fi
-  local host=${1#*://}
-  echo "${host%%[:/]*}:$GRPC_PORT"
+  if [ "$API" = triton-grpc ]; then echo "$(host_of "$1"):$GRPC_PORT"; else echo "$1"; fi
 }
 wait_ready() {  # URL TIMEOUT_S
   local deadline=$((SECONDS + $2))
@@ -284,12 +283,14 @@ for url in "${urls[@]}"; do run wait_ready "$url" "$READY_TIMEOUT"; done
 runs=()
 if [ "${#urls[@]}" = 1 ]; then
   runs=("$OUT/runs/$LABEL")
-  run "${prefix[@]}" dflash-bench sweep --url "$(client_url "${urls[0]}")" "${sweep[@]}" --label "$LABEL" \
+  run "${prefix[@]}" dflash-bench sweep --url "$(client_url "${urls[0]}")" \
+    --metrics-url "http://$(host_of "${urls[0]}"):$METRICS_PORT/metrics" "${sweep[@]}" --label "$LABEL" \
     --output "${runs[0]}"
 else  # replicas: one sweep per server, at the same time; throughput adds up across them
   for i in "${!urls[@]}"; do
     runs+=("$OUT/runs/$LABEL-replica$i")
-    run_bg "${prefix[@]}" dflash-bench sweep --url "$(client_url "${urls[$i]}")" "${sweep[@]}" \
+    run_bg "${prefix[@]}" dflash-bench sweep --url "$(client_url "${urls[$i]}")" \
+      --metrics-url "http://$(host_of "${urls[$i]}"):$METRICS_PORT/metrics" "${sweep[@]}" \
       --label "$LABEL-replica$i" --output "${runs[$i]}"
   done
   wait_all
@@ -318,7 +319,7 @@ def bench_script(spec: LaunchSpec, out: Path) -> str:
     sbatch = ("--job-name=dflash-bench", "--nodes=1", "--ntasks=1")
     return (header(spec, what, sbatch) + BACKGROUND +
             f"MODEL={spec.model_name}\nENGINE={spec.engine_dir}\n"
-            f"PORT={spec.http_port}\nGRPC_PORT={spec.grpc_port}\n"
+            f"PORT={spec.http_port}\nGRPC_PORT={spec.grpc_port}\nMETRICS_PORT={spec.metrics_port}\n"
             f"REPLICAS={spec.replicas}\nGPUS_PER_SERVER={per_server}\n" + params(spec, out) +
             f'OUT="${{OUT:-{out / "bench"}}}"\nLABEL="${{LABEL:-{spec.decoding}}}"\nBASELINE="${{BASELINE:-plain}}"\n'
             f'API="${{API:-}}"\nCONCURRENCY="${{CONCURRENCY:-}}"\nDEFAULT_CONCURRENCY={BENCH_CONCURRENCY}\n'
