@@ -286,3 +286,20 @@ def test_client_monitor_flags_a_blocked_event_loop():
     busy = asyncio.run(blocked())
     assert busy.lag_ms >= 250 and "the client may distort latencies" in busy.warning()
     assert asyncio.run(idle()).cpu < 0.5
+
+
+def test_a_prompt_that_cannot_be_made_ends_the_phase_with_its_error():
+    from trtllm_dflash.errors import DFlashError
+
+    class Failing(Prompts):
+        def get(self, i):
+            if i == 3:
+                raise DFlashError("could not make a random prompt of exactly 7 tokens")
+            return super().get(i)
+
+    clock = ScriptedClock()
+    runner = LoadRunner(ScriptedClient(clock, [(0.1, "ab", {})]), Failing(), 16, 60, chars, clock)
+    seen = []
+    with pytest.raises(DFlashError, match="exactly 7 tokens"):
+        asyncio.run(runner.run(Phase(LoadPoint(1), 10, None, 0, "c1"), seen.append))
+    assert [r.index for r in seen] == [0, 1, 2]  # the requests before it were measured and handed over

@@ -251,3 +251,19 @@ def test_unreachable_url_is_one_line(tok_dir, tmp_path, capsys):
         assert code == 2 and err.count("\n") == 1, err
         assert err.startswith("dflash-bench: error: --url: no ") and "answers at" in err, err
         assert not (tmp_path / api).exists()
+
+
+def test_poisson_and_duration_points(tok_dir, tmp_path):
+    with FakeOpenAI(ttft=0.01, gap=0.01, per_chunk=2) as server:
+        rate = run_sweep(spec(server, tok_dir, tmp_path / "rate", concurrency=(3,), request_rate=(40.0, 80.0),
+                              prompts_per_point=6, osl=4), progress=False, log=lambda m: None)
+        timed = run_sweep(spec(server, tok_dir, tmp_path / "timed", concurrency=(2,), prompts_per_point=None,
+                               duration=0.4, osl=4), progress=False, log=lambda m: None)
+    assert [(p["point"], p["request_rate"], p["concurrency"], p["completed"]) for p in rate.points] == [
+        ("r40-c3", 40.0, 3, 6), ("r80-c3", 80.0, 3, 6)]
+    [p] = timed.points
+    rows = read_jsonl(tmp_path / "timed" / "requests.jsonl")
+    assert p["completed"] == len(rows) >= 4 and all(r["start_s"] < 0.4 for r in rows)  # no send after 0.4 s
+    assert all(r["ok"] for r in rows)  # requests in flight at the deadline finished and count
+    prompts = sorted(r["prompt"] for r in rows)
+    assert prompts == list(range(1, len(rows) + 1))  # unique prompts, after the one warm-up

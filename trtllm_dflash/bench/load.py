@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .clients import Client, ConnectionLost, RequestError, describe
-from .prompts import PromptSource
+from .prompts import Prompt, PromptSource
 from .records import RequestRecord
 from .spec import LoadPoint
 
@@ -58,21 +58,24 @@ class LoadRunner:
             launcher.cancel()
         await asyncio.gather(launcher, return_exceptions=True)
         await self.drain(stop)
+        if not launcher.cancelled() and launcher.exception() is not None:
+            raise launcher.exception()  # e.g. a prompt that could not be made: after the in-flight ones finished
         return self.records
 
     async def launch(self) -> None:
         phase, n = self.phase, 0
         rate, cap = phase.point.rate, phase.point.concurrency
         slots = asyncio.Semaphore(cap) if cap else None
-        arrivals = arrival_stream(self.seed, phase.name)
+        arrivals, due = arrival_stream(self.seed, phase.name), self.clock()
         while self.more(n):
-            if rate is not None:
-                await asyncio.sleep(arrivals.expovariate(rate))  # Poisson: exponential gaps, mean 1/rate s
+            if rate is not None:  # Poisson: exponential gaps (mean 1/rate s) on an absolute schedule, no drift
+                due += arrivals.expovariate(rate)
+                await asyncio.sleep(max(0.0, due - self.clock()))
             if slots is not None:
                 await slots.acquire()
             if not self.more(n):
                 break
-            task = asyncio.create_task(self.one(n))
+            task = asyncio.create_task(self.one(n, self.prompts.get(phase.first_prompt + n)))
             self.tasks.add(task)
             if slots is not None:
                 task.add_done_callback(lambda _: slots.release())
@@ -99,11 +102,9 @@ class LoadRunner:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def one(self, n: int) -> None:
-        index = self.phase.first_prompt + n
-        prompt = self.prompts.get(index)
-        rec = RequestRecord(self.phase.name, n, index, prompt.isl, self.osl, self.clock() - self.t0,
-                            category=prompt.category)
+    async def one(self, n: int, prompt: Prompt) -> None:
+        rec = RequestRecord(self.phase.name, n, self.phase.first_prompt + n, prompt.isl, self.osl,
+                            self.clock() - self.t0, category=prompt.category)
         sent = self.clock()
         try:
             await asyncio.wait_for(self.consume(rec, prompt, sent), self.timeout)
@@ -124,7 +125,7 @@ class LoadRunner:
             self.dead = f"the server stopped answering ({rec.error})"
             self.stopped.set()
 
-    async def consume(self, rec: RequestRecord, prompt, sent: float) -> None:
+    async def consume(self, rec: RequestRecord, prompt: Prompt, sent: float) -> None:
         async for chunk in self.client.stream(prompt, self.osl):
             if chunk.text:
                 rec.chunk_times.append(self.clock() - sent)

@@ -1,6 +1,7 @@
 """A run directory, written as results arrive so that a crash or a dead server keeps what was measured.
 
-    manifest.json    every setting, label, versions, engine digest, status (running/complete/aborted/interrupted)
+    manifest.json    every setting, label, versions, engine digest, status (running, complete, aborted, failed,
+                     interrupted)
     requests.jsonl   one line per measured request, appended (and flushed) as each finishes
     summary.json     one entry per finished point, rewritten after each point
     summary.csv      the same, one row per point

@@ -101,24 +101,37 @@ class Sweep:
                     if runner.dead:
                         result.status, result.error = "aborted", f"{runner.dead} during point {point.name}"
                         break
-            except BaseException:  # Ctrl-C or a bug: the run directory says so, the partial results stay
-                writer.finish("interrupted", "interrupted")
+            except BaseException as exc:  # Ctrl-C, or an error: the run directory says so, the results stay
+                stopped = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
+                writer.finish("interrupted" if stopped else "failed", str(exc) or type(exc).__name__)
                 raise
             writer.finish(result.status, result.error)
             return result
 
     async def point(self, client: Client, runner: LoadRunner, writer: RunWriter, point: LoadPoint) -> dict | None:
-        spec = self.spec
+        """Warm up, measure, summarize one point; None when the server was gone before measuring."""
         if not await client.healthy():
             runner.dead = "the server is not answering"
             return None
         warmup = await self.warmup(runner, point)
         if runner.dead:
             return None
-        count = spec.requests_for(point)
+        before = await self.scrape()
+        records, monitor = await self.measure(runner, writer, point)
+        delta = counters.difference(before, await self.scrape())
+        summary = summarize_point(point, records, self.num_gpus, delta)
+        summary.update(status="aborted" if runner.dead else "complete", warmup_requests=warmup[0],
+                       warmup_failed=warmup[1], client_cpu=monitor.cpu, loop_lag_ms=monitor.lag_ms,
+                       warnings=self.point_warnings(summary, monitor, len(records)))
+        writer.point(summary)
+        self.log(point_line(summary))
+        return summary
+
+    async def measure(self, runner: LoadRunner, writer: RunWriter, point: LoadPoint):
+        """The measured requests, each appended to requests.jsonl as it finishes; -> (records, monitor)."""
+        count = self.spec.requests_for(point)
         if count:
             self.prompts.prefetch(self.next_prompt, count)
-        before = await self.scrape()
         bar, failed = self.bar(point, count), [0]
 
         def on_record(rec):
@@ -129,17 +142,11 @@ class Sweep:
                 bar.set_postfix(failed=failed[0])
 
         async with ClientMonitor() as monitor:
-            records = await runner.run(Phase(point, count, spec.duration, self.next_prompt, point.name), on_record)
+            records = await runner.run(Phase(point, count, self.spec.duration, self.next_prompt, point.name),
+                                       on_record)
         bar.close()
         self.next_prompt += len(records)
-        delta = counters.difference(before, await self.scrape())
-        summary = summarize_point(point, records, self.num_gpus, delta)
-        summary.update(status="aborted" if runner.dead else "complete", warmup_requests=warmup[0],
-                       warmup_failed=warmup[1], client_cpu=monitor.cpu, loop_lag_ms=monitor.lag_ms,
-                       warnings=self.point_warnings(summary, monitor, len(records)))
-        writer.point(summary)
-        self.log(point_line(summary))
-        return summary
+        return records, monitor
 
     async def warmup(self, runner: LoadRunner, point: LoadPoint) -> tuple[int, int]:
         """-> (requests, failed); excluded from results."""
