@@ -15,15 +15,16 @@ from trtllm_dflash.engine import free_port
 pytest.importorskip("aiohttp")
 
 
-class FakeOpenAI:
-    """Streams `max_tokens` x's, `per_chunk` a chunk (one token each with a byte tokenizer), like trtllm-serve."""
+class LoopbackServer:
+    """An aiohttp application on 127.0.0.1 in a thread of its own; subclasses add routes."""
 
-    def __init__(self, ttft=0.05, gap=0.03, per_chunk=3, usage_extra=0, die_at=None, stall=False):
-        self.ttft, self.gap, self.per_chunk, self.usage_extra = ttft, gap, per_chunk, usage_extra
-        self.die_at, self.stall = die_at, stall
+    def __init__(self):
         self.requests: list[tuple[str, dict]] = []
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+
+    def routes(self, app) -> None:
+        raise NotImplementedError
 
     def __enter__(self):
         self.loop = asyncio.new_event_loop()
@@ -43,15 +44,27 @@ class FakeOpenAI:
 
         asyncio.set_event_loop(self.loop)
         app = web.Application()
-        app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/health", self.health)
-        app.router.add_post("/v1/completions", self.complete)
-        app.router.add_post("/v1/chat/completions", self.complete)
+        self.routes(app)
         self.runner = web.AppRunner(app, shutdown_timeout=0.1)  # stopping drops streams in flight
         self.loop.run_until_complete(self.runner.setup())
         self.loop.run_until_complete(web.TCPSite(self.runner, "127.0.0.1", self.port).start())
         started.set()
         self.loop.run_forever()
+
+
+class FakeOpenAI(LoopbackServer):
+    """Streams `max_tokens` x's, `per_chunk` a chunk (one token each with a byte tokenizer), like trtllm-serve."""
+
+    def __init__(self, ttft=0.05, gap=0.03, per_chunk=3, usage_extra=0, die_at=None, stall=False):
+        super().__init__()
+        self.ttft, self.gap, self.per_chunk, self.usage_extra = ttft, gap, per_chunk, usage_extra
+        self.die_at, self.stall = die_at, stall
+
+    def routes(self, app):
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/health", self.health)
+        app.router.add_post("/v1/completions", self.complete)
+        app.router.add_post("/v1/chat/completions", self.complete)
 
     async def models(self, request):
         from aiohttp import web

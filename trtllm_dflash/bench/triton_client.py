@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -26,27 +28,59 @@ REQUIRED = ("text_input", "sampling_param_max_tokens")
 WANTED = ("sampling_param_ignore_eos", "sampling_param_exclude_input_from_output", "streaming")
 
 
-def request_inputs(settings: ClientSettings, declared: set[str], prompt: Prompt, max_tokens: int) -> dict[str, Any]:
-    """Input name -> value, restricted to what the model declares."""
-    values = {"text_input": prompt.text, "streaming": True, "sampling_param_max_tokens": max_tokens,
-              "sampling_param_ignore_eos": settings.ignore_eos, "sampling_param_exclude_input_from_output": True,
-              "sampling_param_temperature": float(settings.temperature), "return_finish_reason": True}
-    return {k: v for k, v in values.items() if k in declared}
+@dataclass
+class ModelInterface:
+    """The tensors the served model declares (from its metadata), and so what to send and how it streams."""
+
+    inputs: set[str] = field(default_factory=lambda: set(REQUIRED))
+    outputs: set[str] = field(default_factory=set)
+
+    @property
+    def cumulative(self) -> bool:
+        """TensorRT-LLM's llmapi model streams the whole text so far in each response; dflash's model (which
+        declares its `num_output_tokens` extension) streams only the new text."""
+        return "num_output_tokens" not in self.outputs
+
+    def request(self, settings: ClientSettings, prompt: Prompt, max_tokens: int) -> dict[str, Any]:
+        """Input name -> value, restricted to what the model declares."""
+        values = {"text_input": prompt.text, "streaming": True, "sampling_param_max_tokens": max_tokens,
+                  "sampling_param_ignore_eos": settings.ignore_eos, "sampling_param_exclude_input_from_output": True,
+                  "sampling_param_temperature": float(settings.temperature), "return_finish_reason": True,
+                  "sampling_param_return_perf_metrics": True}  # llmapi: acceptance comes with the perf metrics
+        return {k: v for k, v in values.items() if k in self.inputs}
+
+    def check(self, model: str, warnings: list[str]) -> None:
+        missing = [name for name in REQUIRED if name not in self.inputs]
+        if missing:
+            raise DFlashError(f"model {model!r} has no input {missing[0]!r}: not an llmapi-compatible text model "
+                              f"(inputs: {', '.join(sorted(self.inputs))})")
+        for name in WANTED:
+            if name not in self.inputs:
+                warnings.append(f"model {model!r} declares no input {name!r}: " + (
+                    "outputs may stop at EOS before OSL" if "eos" in name else "token counts may be off"))
 
 
-def check_inputs(model: str, declared: set[str], warnings: list[str]) -> None:
-    missing = [name for name in REQUIRED if name not in declared]
-    if missing:
-        raise DFlashError(f"model {model!r} has no input {missing[0]!r}: not an llmapi-compatible text model "
-                          f"(inputs: {', '.join(sorted(declared))})")
-    for name in WANTED:
-        if name not in declared:
-            warnings.append(f"model {model!r} declares no input {name!r}: "
-                            + ("outputs may stop at EOS before OSL" if "eos" in name else "token counts may be off"))
+class NewText:
+    """One request's stream as new text only, whichever way the model streams."""
+
+    def __init__(self, cumulative: bool):
+        self.cumulative, self.so_far = cumulative, ""
+
+    def __call__(self, text: str) -> str:
+        if not self.cumulative:
+            return text
+        keep = len(os.path.commonprefix([self.so_far, text]))  # the detokenizer may revise a held-back tail
+        self.so_far = text
+        return text[keep:]
 
 
 def server_fields(values: dict[str, Any]) -> dict[str, Any]:
-    return {FIELDS[k]: v for k, v in values.items() if k in FIELDS and v is not None}
+    """Record fields from output tensors (TensorRT-LLM sends its perf metrics as strings)."""
+    out = {}
+    for name, value in values.items():
+        if name in FIELDS and value is not None:
+            out[FIELDS[name]] = value if name == "finish_reason" else int(float(value))
+    return out
 
 
 class TritonHttpClient(Client):
@@ -55,7 +89,7 @@ class TritonHttpClient(Client):
         url = settings.url if "://" in settings.url else f"http://{settings.url}"
         self.base = url.rstrip("/")
         self.session = http_session()
-        self.declared: set[str] = set(REQUIRED)
+        self.model = ModelInterface()
 
     async def close(self) -> None:
         await self.session.close()
@@ -72,11 +106,12 @@ class TritonHttpClient(Client):
         if status != 200:
             raise DFlashError(f"--model: {model!r} is not served at {self.base} ({error_text(body)})")
         metadata = json_body(body, f"{self.base}/v2/models/{model}")
-        self.declared = {i.get("name") for i in metadata.get("inputs", []) if isinstance(i, dict)}
+        self.model = ModelInterface(*({t.get("name") for t in metadata.get(kind, []) if isinstance(t, dict)}
+                                      for kind in ("inputs", "outputs")))
         status, _ = await http_get(self.session, f"{self.base}/v2/models/{model}/ready")
         if status != 200:
             raise DFlashError(f"--model: {model!r} at {self.base} is not ready")
-        check_inputs(model, self.declared, self.warnings)
+        self.model.check(model, self.warnings)
 
     async def healthy(self) -> bool:
         try:
@@ -92,7 +127,7 @@ class TritonHttpClient(Client):
         import aiohttp
 
         url = f"{self.base}/v2/models/{self.settings.model}/generate_stream"
-        body = request_inputs(self.settings, self.declared, prompt, max_tokens)
+        body, new_text = self.model.request(self.settings, prompt, max_tokens), NewText(self.model.cumulative)
         try:
             async with self.session.post(url, json=body) as r:
                 if r.status != 200:
@@ -101,7 +136,7 @@ class TritonHttpClient(Client):
                     event = json_event(data)
                     if "error" in event:
                         raise RequestError(str(event["error"]))
-                    yield Chunk(event.get("text_output") or "", server_fields(event))
+                    yield Chunk(new_text(event.get("text_output") or ""), server_fields(event))
         except (aiohttp.ClientError, OSError) as exc:
             raise ConnectionLost(describe(exc)) from None
 
@@ -118,7 +153,7 @@ class TritonGrpcClient(Client):
         self.target = url
         self.channel = grpc.aio.insecure_channel(url)
         self.stub = service_pb2_grpc.GRPCInferenceServiceStub(self.channel)
-        self.declared: set[str] = set(REQUIRED)
+        self.model = ModelInterface()
 
     async def close(self) -> None:
         await self.channel.close()
@@ -142,8 +177,8 @@ class TritonGrpcClient(Client):
             raise DFlashError(f"--model: {model!r} is not served at {self.target} ({exc.details()})") from None
         if not ready.ready:
             raise DFlashError(f"--model: {model!r} at {self.target} is not ready")
-        self.declared = {i.name for i in meta.inputs}
-        check_inputs(model, self.declared, self.warnings)
+        self.model = ModelInterface({t.name for t in meta.inputs}, {t.name for t in meta.outputs})
+        self.model.check(model, self.warnings)
 
     async def healthy(self) -> bool:
         import grpc
@@ -164,7 +199,7 @@ class TritonGrpcClient(Client):
         from tritonclient.grpc import service_pb2 as pb
 
         req = pb.ModelInferRequest(model_name=self.settings.model)
-        for name, value in request_inputs(self.settings, self.declared, prompt, max_tokens).items():
+        for name, value in self.model.request(self.settings, prompt, max_tokens).items():
             tensor = req.inputs.add(name=name, shape=[1])
             if isinstance(value, bool):
                 tensor.datatype = "BOOL"
@@ -185,7 +220,7 @@ class TritonGrpcClient(Client):
     async def stream(self, prompt: Prompt, max_tokens: int) -> AsyncIterator[Chunk]:
         import grpc
 
-        done = asyncio.Event()
+        done, new_text = asyncio.Event(), NewText(self.model.cumulative)
         request = self.infer_request(prompt, max_tokens)
 
         async def requests():
@@ -200,7 +235,7 @@ class TritonGrpcClient(Client):
                     raise RequestError(response.error_message)
                 chunk, final = parse_response(response.infer_response)
                 if chunk is not None:
-                    yield chunk
+                    yield Chunk(new_text(chunk.text), chunk.fields)
                 if final:
                     return
             raise ConnectionLost("the gRPC stream ended before the final response")
