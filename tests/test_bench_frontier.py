@@ -52,11 +52,11 @@ def write_run(root, label, points, status="complete", num_gpus=1):
     root.mkdir(parents=True)
     summaries = []
     for load, inter, tput, al in points:
-        tpot_ms = 1000 / inter
+        tpot_ms = 1000 / inter if inter else None
         summaries.append({"point": f"c{load}", "concurrency": load, "request_rate": None, "load": load,
                           "requests": 10, "completed": 10, "failed": 0, "ttft_ms_median": 20.0 * load,
-                          "ttft_ms_p99": 30.0 * load, "tpot_ms_median": tpot_ms, "tpot_ms_p99": tpot_ms * 1.2,
-                          "interactivity_median": inter, "interactivity_p99": inter / 1.2,
+                          "ttft_ms_p99": 30.0 * load, "tpot_ms_median": tpot_ms, "tpot_ms_p99": tpot_ms and tpot_ms * 1.2,
+                          "interactivity_median": inter, "interactivity_p99": inter and inter / 1.2,
                           "total_throughput_per_gpu": tput, "output_throughput_per_gpu": tput / 2,
                           "acceptance_length": al, "acceptance_rate": None if al is None else (al - 1) / 7,
                           "acceptance_rate_responses": None})
@@ -72,8 +72,9 @@ def two_runs(tmp_path):
     # load, median interactivity, throughput per GPU, acceptance length
     plain = write_run(tmp_path / "plain", "plain",
                       [(1, 100, 200, None), (2, 90, 380, None), (4, 60, 700, None), (8, 40, 1200, None)])
-    dflash = write_run(tmp_path / "dflash", "dflash", [(1, 300, 500, 3.1), (2, 250, 900, 3.0), (4, 180, 1500, 2.9),
-                                                       (8, 120, 2400, 2.8), (16, 110, 2000, 2.8)], status="aborted")
+    dflash_points = [(1, 300, 500, 3.1), (2, 250, 900, 3.0), (4, 180, 1500, 2.9), (8, 120, 2400, 2.8),
+                     (16, 110, 2000, 2.8), (32, None, 0.0, None)]  # at 32 every request failed
+    dflash = write_run(tmp_path / "dflash", "dflash", dflash_points, status="aborted")
     return plain, dflash
 
 

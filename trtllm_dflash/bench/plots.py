@@ -73,7 +73,7 @@ def ttft_png(path: Path, runs: list[Run]) -> Path:
     drawn = False
     for i, run in enumerate(runs):
         pts = sorted((p["load"], p[Y], p["ttft_ms_median"]) for p in run.points
-                     if p.get(Y) is not None and p.get("ttft_ms_median") is not None)
+                     if None not in (p.get("load"), p.get(Y), p.get("ttft_ms_median")))
         if pts:
             drawn = True
             ax.plot([p[1] for p in pts], [p[2] for p in pts], "o-", color=f"C{i}", label=run.label)
@@ -88,7 +88,8 @@ def acceptance_png(path: Path, runs: list[Run]) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     drawn = False
     for i, run in enumerate(runs):
-        pts = sorted((p["load"], p["acceptance_length"]) for p in run.points if p.get("acceptance_length") is not None)
+        pts = sorted((p["load"], p["acceptance_length"]) for p in run.points
+                     if None not in (p.get("load"), p.get("acceptance_length")))
         if pts:
             drawn = True
             ax.plot(*zip(*pts), "o-", color=f"C{i}", label=run.label)

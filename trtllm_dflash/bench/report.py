@@ -171,15 +171,20 @@ def headline_table(report: Report, runs: list[Run]) -> str:
     return "\n".join(lines)
 
 
+POINT_COLUMNS = [  # header, summary keys (shown "a / b"), format
+    ("point", ("point",), "s"), ("ok / sent", ("completed", "requests"), "d"),
+    ("TTFT p50 / p99 ms", ("ttft_ms_median", "ttft_ms_p99"), ".1f"),
+    ("TPOT p50 / p99 ms", ("tpot_ms_median", "tpot_ms_p99"), ".2f"),
+    ("interactivity p50 / p99", ("interactivity_median", "interactivity_p99"), ".1f"),
+    ("tok/s/GPU (total / output)", (Y, "output_throughput_per_gpu"), ".1f"),
+    ("AL (counters)", ("acceptance_length",), ".2f"),
+    ("acceptance (counters / responses)", ("acceptance_rate", "acceptance_rate_responses"), ".3f"),
+]
+
+
 def points_table(points: list[dict[str, Any]]) -> str:
-    head = ("| point | ok / sent | TTFT p50 / p99 ms | TPOT p50 / p99 ms | interactivity p50 / p99 | tok/s/GPU "
-            "(total / output) | AL (counters) | acceptance (counters / responses) |")
-    lines = [head, "|---" * 8 + "|"]
+    lines = ["| " + " | ".join(c[0] for c in POINT_COLUMNS) + " |", "|---" * len(POINT_COLUMNS) + "|"]
     for p in points:
-        lines.append(
-            f"| {p['point']} | {p['completed']} / {p['requests']} | {fmt(p['ttft_ms_median'])} / "
-            f"{fmt(p['ttft_ms_p99'])} | {fmt(p['tpot_ms_median'], '.2f')} / {fmt(p['tpot_ms_p99'], '.2f')} | "
-            f"{fmt(p['interactivity_median'])} / {fmt(p['interactivity_p99'])} | {fmt(p[Y])} / "
-            f"{fmt(p['output_throughput_per_gpu'])} | {fmt(p['acceptance_length'], '.2f')} | "
-            f"{fmt(p['acceptance_rate'], '.3f')} / {fmt(p['acceptance_rate_responses'], '.3f')} |")
+        cells = [" / ".join(fmt(p.get(k), spec) for k in keys) for _, keys, spec in POINT_COLUMNS]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
