@@ -96,3 +96,12 @@ def test_grpc_url_must_be_host_and_port(tmp_path, capsys):
     assert main(["sweep", "--api", "triton-grpc", "--url", "http://h:8001", "--model", "m", "--tokenizer",
                  str(tok)]) == 2
     assert "--url for triton-grpc is host:port (or grpc://host:port), got 'http://h:8001'" in capsys.readouterr().err
+
+
+def test_every_api_has_a_registered_client():
+    from trtllm_dflash.bench.clients import REGISTRY, ClientSettings, make_client
+    from trtllm_dflash.bench.spec import APIS
+
+    assert set(REGISTRY) == set(APIS)
+    with pytest.raises(DFlashError, match="--api: unknown API 'soap'"):
+        make_client("soap", ClientSettings("http://h", "m"))
