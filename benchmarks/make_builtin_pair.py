@@ -16,11 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,16 +37,17 @@ PRETRAIN = PretrainConfig(seq_len=256, batch=16, steps=160, lr=3e-3, warmup=10, 
 PROMPTS = 1024  # drafter prompts (the last 16 are held out by dflash-train for its periodic tau)
 
 
-def make_target(out: Path) -> None:
+def make_target(out: Path, steps: int) -> None:
     train_files, held_out = split(stdlib_sources())
     tokenizer = train_tokenizer(train_files, VOCAB, out / "target")
     stream = token_stream(train_files, tokenizer)
     print(f"corpus: {len(train_files)} training files ({len(stream)} tokens), {len(held_out)} held out")
-    model, losses = pretrain(stream, TargetShape(vocab_size=len(tokenizer)), PRETRAIN, tokenizer.eos_token_id)
+    cfg = replace(PRETRAIN, steps=steps)
+    model, losses = pretrain(stream, TargetShape(vocab_size=len(tokenizer)), cfg, tokenizer.eos_token_id)
     save_target(model, tokenizer, out / "target")
     write_prompts(out / "prompts.jsonl", seed=0)
     record(out, "target", {"vocab": len(tokenizer), "shape": TargetShape(vocab_size=len(tokenizer)).__dict__,
-                           "pretrain": PRETRAIN.__dict__, "corpus_tokens": len(stream),
+                           "pretrain": cfg.__dict__, "corpus_tokens": len(stream),
                            "final_loss_mean_last_20": sum(losses[-20:]) / 20})
 
 
@@ -58,11 +62,12 @@ DRAFTER_ARGS = ["--num-layers", "2", "--block-size", "16", "--target-layer-ids",
                 "--steps", "600", "--batch-tokens", "2048", "--lr", "2e-3", "--seed", "0", "--eval-every", "200"]
 
 
-def make_drafter(out: Path) -> None:
+def make_drafter(out: Path, threads: int) -> None:
     cmd = ["dflash-train", "--target", str(out / "target"), "--output", str(out / "drafter"),
            "--data", str(out / "prompts.jsonl"), *DRAFTER_ARGS]
     print("$ " + shlex.join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
+    exe = shutil.which("dflash-train") or str(Path(sys.executable).with_name("dflash-train"))
+    subprocess.run([exe, *cmd[1:]], check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
     record(out, "drafter", {"command": shlex.join(cmd)})
 
 
@@ -79,11 +84,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--stage", choices=["target", "drafter"], required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1 avoids barrier stalls on busy machines)")
+    p.add_argument("--target-steps", type=int, default=PRETRAIN.steps,
+                   help="pre-training steps (the shipped target: 160, about 6 minutes on one core)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    (make_target if args.stage == "target" else make_drafter)(args.out)
+    if args.stage == "target":
+        make_target(args.out, args.target_steps)
+    else:
+        make_drafter(args.out, args.threads)
 
 
 if __name__ == "__main__":

@@ -60,3 +60,22 @@ def test_fitted_drafter_accepts_far_more_than_an_untrained_one(builtin):
     assert tau >= 1.5 and tau_untrained < 1.2, (tau, tau_untrained)
     for a, b, c in zip(fitted, baseline, plain):
         assert a.output_ids == b.output_ids == c.output_ids
+
+
+def test_shipped_pair_is_exact_and_accepts():
+    """`builtin` is the shipped stdlib pair: greedy DFlash equals transformers' greedy decoding on a
+    held-out prompt, and its drafter is accepted (tau well above an untrained drafter's 1)."""
+    from transformers import AutoModelForCausalLM
+
+    from oracle import hf_greedy
+    from trtllm_dflash.pairs import held_out_texts, stdlib_pair
+
+    text = held_out_texts(1)[0]
+    out = generate_json("--target", "builtin", "--drafter", "builtin", "--prompt", text, "--max-new-tokens", "48",
+                        "--ignore-eos")
+    target, _ = stdlib_pair()
+    hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    tokenizer = load_target(target).tokenizer
+    prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert out["output_ids"] == hf_greedy(hf, prompt, 48)
+    assert out["tau"] > 2.0 and max(out["acceptance_lengths"]) <= 16

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -23,10 +24,10 @@ MODEL = "dflash"
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Build, serve and benchmark the built-in pair: DFlash vs plain.")
     p.add_argument("--output", default="build/demo", help="working directory (engine, repositories, runs, report)")
-    p.add_argument("--concurrency", default="1,2,4,8", help="sweep ladder")
-    p.add_argument("--prompts-per-point", type=int, default=16)
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="sweep ladder")
+    p.add_argument("--prompts-per-point", type=int, default=24)
     p.add_argument("--osl", type=int, default=128, help="output tokens per request (EOS ignored)")
-    p.add_argument("--interactivity", default="40,80,120,160", help="tok/s/user levels of the table (CPU-sized)")
+    p.add_argument("--interactivity", default="50,100,200,400", help="tok/s/user levels of the table (CPU-sized)")
     p.add_argument("--check-prompts", type=int, default=4, help="held-out prompts of the exactness check")
     return p
 
@@ -73,6 +74,7 @@ def sweep(engine: Path, out: Path, decoding: str, args, dataset: Path) -> Path:
     from .bench import main as bench_main
 
     repo, run_dir = out / f"repo-{decoding}", out / "runs" / decoding
+    shutil.rmtree(run_dir, ignore_errors=True)  # our own working directory: a rerun starts clean
     write_repository(engine, repo, ServeSettings(MODEL, decoding=decoding))
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     with open(out / f"server-{decoding}.log", "w") as server_log:
@@ -83,7 +85,7 @@ def sweep(engine: Path, out: Path, decoding: str, args, dataset: Path) -> Path:
             code = bench_main(["sweep", "--url", ends.http_url, "--model", MODEL, "--concurrency", args.concurrency,
                                "--prompts-per-point", str(args.prompts_per_point), "--osl", str(args.osl),
                                "--dataset", str(dataset), "--tokenizer", str(engine), "--label", decoding,
-                               "--output", str(run_dir), "--metrics-url", f"{ends.metrics_url}/metrics"])
+                               "--output", str(run_dir), "--metrics-url", ends.metrics_url])
         finally:
             stop_server(proc)
     if code != 0:
@@ -101,13 +103,14 @@ def run(argv: list[str] | None) -> int:
     t0 = time.perf_counter()
     engine = build(out)
     log(f"built {engine}")
-    texts = held_out_texts(64)
+    texts = held_out_texts(128)  # more than the sweep sends (warm-ups included): no prompt repeats
     dataset = out / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     tau = check_exact(engine, texts[:args.check_prompts], args.osl)
     log(f"exact: greedy DFlash == plain on {args.check_prompts} held-out prompts (tau {tau:.2f}, block 16)")
     runs = [sweep(engine, out, decoding, args, dataset) for decoding in ("dflash", "plain")]
     report = out / "report"
+    shutil.rmtree(report, ignore_errors=True)
     code = bench_main(["report", *map(str, runs), "--baseline", "plain", "--interactivity", args.interactivity,
                        "--output", str(report)])
     if code != 0:

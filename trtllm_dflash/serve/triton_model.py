@@ -86,8 +86,11 @@ class TritonPythonModel:
     def load(self, engine_dir: str, tp: int, decoding: str):
         """Rank 0 in this process; with tp > 1 the other ranks are spawned and driven in lockstep."""
         self.workers = []
-        if tp == 1:
-            pipeline = load_engine(engine_dir, decoding=decoding)
+        if tp == 1:  # on the GPU when the server has one (ranks of TP > 1 engines stay on gloo CPUs)
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            pipeline = load_engine(engine_dir, device=device, decoding=decoding)
             return pipeline.generator, pipeline.tokenizer
         import torch.distributed as dist
 
