@@ -33,7 +33,7 @@ from trtllm_dflash.train.data import stdlib_prompts
 from trtllm_dflash.train.target_lm import PretrainConfig, TargetShape, pretrain, save_target, token_stream
 
 VOCAB = 2048
-PRETRAIN = PretrainConfig(seq_len=256, batch=16, steps=160, lr=3e-3, warmup=10, seed=0)
+PRETRAIN = PretrainConfig(seq_len=256, batch=16, steps=500, lr=3e-3, warmup=10, seed=0)
 PROMPTS = 1024  # drafter prompts (the last 16 are held out by dflash-train for its periodic tau)
 
 
@@ -62,13 +62,22 @@ DRAFTER_ARGS = ["--num-layers", "2", "--block-size", "16", "--target-layer-ids",
                 "--steps", "600", "--batch-tokens", "2048", "--lr", "2e-3", "--seed", "0", "--eval-every", "200"]
 
 
+CONTINUE_TO = 1400  # steps of the second phase (see make_drafter)
+
+
 def make_drafter(out: Path, threads: int) -> None:
     cmd = ["dflash-train", "--target", str(out / "target"), "--output", str(out / "drafter"),
            "--data", str(out / "prompts.jsonl"), *DRAFTER_ARGS]
-    print("$ " + shlex.join(cmd), flush=True)
+    # Second phase: --resume with a longer run (a warm restart of the cosine schedule at step 600).
+    # The shipped drafter was made this way, in two phases, because the first one was cut to fit the time
+    # of the session that made it; both commands together reproduce it exactly.
+    steps_at = cmd.index("--steps") + 1
+    more = [*cmd[:steps_at], str(CONTINUE_TO), *cmd[steps_at + 1:], "--resume"]
     exe = shutil.which("dflash-train") or str(Path(sys.executable).with_name("dflash-train"))
-    subprocess.run([exe, *cmd[1:]], check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    record(out, "drafter", {"command": shlex.join(cmd)})
+    for command in (cmd, more):
+        print("$ " + shlex.join(command), flush=True)
+        subprocess.run([exe, *command[1:]], check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    record(out, "drafter", {"commands": [shlex.join(cmd), shlex.join(more)]})
 
 
 def record(out: Path, stage: str, info: dict) -> None:
@@ -86,7 +95,7 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 avoids barrier stalls on busy machines)")
     p.add_argument("--target-steps", type=int, default=PRETRAIN.steps,
-                   help="pre-training steps (the shipped target: 160, about 6 minutes on one core)")
+                   help="pre-training steps (the shipped target: 500, about 20 minutes on one core)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
-"""The built-in tiny pair: a random Qwen3 target with a byte tokenizer, and a DFlash drafter fitted to it.
+"""The tiny test pair: a random Qwen3 target with a byte tokenizer, and a DFlash drafter fitted to it.
 
-Made by code from a seed (about 1 MB on disk), so the README job and the tests need no model hub.
-The target is random, so its text is gibberish; the drafter is fitted to the target's own
-greedy continuations, so acceptance is real. A pair trained on real text replaces it later.
+Made by code from a seed in about 30 s (about 1 MB on disk), so the tests need neither a model hub
+nor the shipped pair. The target is random, so its text is gibberish; the drafter is fitted to the
+target's own greedy continuations, so acceptance is real. The CLI's `builtin` is the shipped,
+trained pair instead (trtllm_dflash/pairs).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrency", default="1,2,4,8,16", help="sweep ladder")
     p.add_argument("--prompts-per-point", type=int, default=24)
     p.add_argument("--osl", type=int, default=128, help="output tokens per request (EOS ignored)")
-    p.add_argument("--interactivity", default="50,100,200,400", help="tok/s/user levels of the table (CPU-sized)")
+    p.add_argument("--interactivity", default="60,100,150,200,300", help="tok/s/user levels of the table (CPU-sized)")
     p.add_argument("--check-prompts", type=int, default=4, help="held-out prompts of the exactness check")
     return p
 
@@ -103,7 +103,7 @@ def run(argv: list[str] | None) -> int:
     t0 = time.perf_counter()
     engine = build(out)
     log(f"built {engine}")
-    texts = held_out_texts(128)  # more than the sweep sends (warm-ups included): no prompt repeats
+    texts = held_out_texts(256)  # more than the sweep sends (warm-ups included): no prompt repeats
     dataset = out / "prompts.jsonl"
     dataset.write_text("".join(json.dumps({"prompt": t}) + "\n" for t in texts))
     tau = check_exact(engine, texts[:args.check_prompts], args.osl)
