@@ -23,12 +23,12 @@ from pathlib import Path
 import torch
 
 from trtllm_dflash import __version__
-from trtllm_dflash.compare import compare, run_one_by_one, summarize
+from trtllm_dflash.compare import compare, run_one_by_one
 from trtllm_dflash.generator import Generator
 from trtllm_dflash.models.drafter import DFlashDrafter
 from trtllm_dflash.pairs import held_out_texts, stdlib_pair
 from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
+from trtllm_dflash.request import Request, pooled_tau
 from trtllm_dflash.speculative import DFlashProposer
 
 OUT = Path(__file__).parent / "results" / "cpu_dflash_vs_plain.json"
@@ -38,7 +38,7 @@ def untrained_tau(spec, requests, block: int) -> float:
     torch.manual_seed(0)
     drafter = DFlashDrafter(spec.drafter.config).eval()
     gen = Generator(spec.target.model, DFlashProposer(drafter, spec.target.model), spec.target.stop_ids)
-    return summarize("untrained", run_one_by_one(gen, requests, block)).tau
+    return pooled_tau(run_one_by_one(gen, requests, block))
 
 
 def main() -> None:

@@ -166,7 +166,7 @@ def run_cli(*args):
 
 @pytest.mark.parametrize("content, needle", [
     ('{"prompt": "a"}\n{"prompt": \n', "prompts.jsonl:2: not valid JSON"),
-    ('{"prompt": "a"}\n{"text": "b"}\n', "prompts.jsonl:2: expected an object with a non-empty 'prompt'"),
+    ('{"prompt": "a"}\n{"text": "b"}\n', "prompts.jsonl:2: needs a non-empty 'prompt' string"),
     ("", "holds no prompts"),
 ])
 def test_bad_data_is_one_line_with_the_line_number(builtin, tmp_path, content, needle):

@@ -6,7 +6,7 @@ import statistics
 from dataclasses import asdict, dataclass
 
 from .generator import Generator
-from .request import Request, Result
+from .request import Request, Result, pooled_tau
 
 
 @dataclass
@@ -49,10 +49,9 @@ def run_one_by_one(gen: Generator, requests: list[Request], block: int | None = 
 
 
 def summarize(method: str, results: list[Result]) -> MethodSummary:
-    steps = [n for r in results for n in r.acceptance_lengths]
     tokens = sum(len(r.output_ids) for r in results)
     wall = sum(r.finish_s - r.start_s for r in results)
-    return MethodSummary(method, len(results), tokens, sum(steps) / len(steps), tokens / wall,
+    return MethodSummary(method, len(results), tokens, pooled_tau(results), tokens / wall,
                          1e3 * statistics.median(r.ttft_s for r in results),
                          1e3 * statistics.median(r.tpot_s for r in results))
 

@@ -30,6 +30,12 @@ class Request:
                               f"exceeds the target's max_position_embeddings {max_positions}")
 
 
+def pooled_tau(results: list[Result]) -> float:
+    """Tokens per verify step over all steps of all results (nan when none verified)."""
+    steps = [n for r in results for n in r.acceptance_lengths]
+    return sum(steps) / len(steps) if steps else float("nan")
+
+
 @dataclass
 class Result:
     """Generated ids only (the prompt excluded), and how they were produced.

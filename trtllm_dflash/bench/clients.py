@@ -100,24 +100,27 @@ async def sse_events(response) -> AsyncIterator[str]:
         yield buffer[5:].strip().decode("utf-8")
 
 
+def json_object(text: str) -> dict[str, Any] | None:
+    """`text` parsed as a JSON object, or None when it is not one."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
 def json_event(data: str) -> dict[str, Any]:
     """One SSE payload as a JSON object; RequestError when the server sent something else."""
-    try:
-        event = json.loads(data)
-    except ValueError:
-        event = None
-    if not isinstance(event, dict):
+    event = json_object(data)
+    if event is None:
         raise RequestError(f"malformed stream event: {data[:200]!r}")
     return event
 
 
 def json_body(body: str, what: str) -> dict[str, Any]:
     """A check's JSON answer; DFlashError naming `what` when the server sent something else."""
-    try:
-        data = json.loads(body)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
+    data = json_object(body)
+    if data is None:
         raise DFlashError(f"{what} did not answer with a JSON object: {body[:200]!r}")
     return data
 

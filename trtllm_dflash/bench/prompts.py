@@ -88,16 +88,19 @@ def exact_length_text(tokenizer, pool: list[int], length: int, rng: random.Rando
     raise DFlashError(f"could not make a random prompt of exactly {length} tokens with this tokenizer")
 
 
-def read_dataset(path: str | Path, tokenizer) -> list[Prompt]:
+def read_dataset(path: str | Path, tokenizer, flag: str = "--dataset") -> list[Prompt]:
     """One prompt per JSONL line: {"prompt": str} or {"messages": [{"role", "content"}, ...]}, optional
-    "category". Errors name the file and the line."""
+    "category". Errors name the file and the line; `flag` names the option the file came from."""
     prompts = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if line.strip():
-                prompts.append(parse_line(line, tokenizer, f"{path}:{number}", number))
+    try:
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if line.strip():
+                    prompts.append(parse_line(line, tokenizer, f"{path}:{number}", number))
+    except OSError as exc:
+        raise DFlashError(f"cannot read {flag} {path}: {exc.strerror}") from None
     if not prompts:
-        raise DFlashError(f"--dataset {path} holds no prompts")
+        raise DFlashError(f"{flag} {path} holds no prompts")
     return prompts
 
 

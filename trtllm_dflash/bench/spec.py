@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DFlashError
+from ..settings_file import read_settings
 
 APIS = ("triton-http", "triton-grpc", "openai")
 DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)
@@ -115,7 +116,8 @@ class SweepSpec:
     @classmethod
     def from_sources(cls, preset: str | None, flags: dict[str, Any]) -> SweepSpec:
         """A preset's settings, then the flags that were given (not None) on top; unknown keys are errors."""
-        data = read_preset(preset) if preset else {}
+        data = read_settings(preset, f"--preset: no such file: {preset}", f"preset {preset}",
+                             "sweep settings") if preset else {}
         data.update({k: v for k, v in flags.items() if v is not None})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -126,25 +128,6 @@ class SweepSpec:
             if name not in data:
                 raise DFlashError(f"--{name} is required (a flag, or the preset key {name!r})")
         return cls(**data)
-
-
-def read_preset(path: str) -> dict[str, Any]:
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise DFlashError(f"--preset: no such file: {path}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise DFlashError(f"preset {path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise DFlashError(f"preset {path} must hold a YAML mapping of sweep settings, got {type(data).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def parse_list(name: str, value: Any) -> list[str]:

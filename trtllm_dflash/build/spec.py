@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
 from ..errors import DFlashError
+from ..settings_file import read_settings
 from ..loading import DTYPES
 
 BACKENDS = ("torch", "trtllm")
@@ -52,7 +52,8 @@ class BuildSpec:
     @classmethod
     def from_sources(cls, yaml_path: str | None, overrides: dict[str, Any]) -> BuildSpec:
         """Settings from a YAML file, then flags (flags win); unknown keys are errors."""
-        data = read_yaml(yaml_path) if yaml_path else {}
+        data = read_settings(yaml_path, f"no such build config file: {yaml_path}", yaml_path,
+                             "build settings") if yaml_path else {}
         data.update({k: v for k, v in overrides.items() if v is not None})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -62,25 +63,6 @@ class BuildSpec:
         if missing:
             raise DFlashError(f"build spec: '{missing[0]}' is required (flag --{missing[0]} or the YAML key)")
         return cls(**data)
-
-
-def read_yaml(path: str) -> dict[str, Any]:
-    import yaml
-
-    p = Path(path)
-    if not p.is_file():
-        raise DFlashError(f"no such build config file: {path}")
-    try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise DFlashError(f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise DFlashError(f"{path} must hold a YAML mapping of build settings, got {type(data).__name__}")
-    return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:

@@ -51,7 +51,7 @@ def check_exact(engine: Path, prompts: list[str], new_tokens: int) -> float:
     """Greedy DFlash output equals plain decoding's on held-out prompts; -> pooled tau."""
     from ..engine import load_engine
     from ..errors import DFlashError
-    from ..request import Request
+    from ..request import Request, pooled_tau
 
     spec, plain = load_engine(engine), load_engine(engine, decoding="plain")
     requests = [Request(tuple(spec.tokenizer(p, add_special_tokens=False)["input_ids"]), new_tokens, ignore_eos=True)
@@ -59,13 +59,11 @@ def check_exact(engine: Path, prompts: list[str], new_tokens: int) -> float:
     a, b = spec.generator.generate(requests), plain.generator.generate(requests)
     if [r.output_ids for r in a] != [r.output_ids for r in b]:
         raise DFlashError("DFlash output differs from plain decoding: the engine is not lossless")
-    steps = [n for r in a for n in r.acceptance_lengths]
-    return sum(steps) / len(steps)
+    return pooled_tau(a)
 
 
 def sweep(engine: Path, out: Path, decoding: str, args, dataset: Path) -> Path:
     """Serve the engine with `decoding`, sweep it, stop the server; -> the run directory."""
-    from ..bench.report import load_run  # noqa: F401  (fails early if the bench extra is missing)
     from ..engine import free_port
     from ..errors import DFlashError
     from ..serve.locate import find_tritonserver

@@ -8,13 +8,11 @@ padding is never seen.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ..errors import DFlashError
 from ..generator import Generator
 from ..models.target import TargetModel
 from ..request import Request
@@ -25,33 +23,11 @@ REGEN_BATCH = 64  # prompts decoded together while regenerating responses
 
 
 def read_prompts(path: Path, tokenizer) -> list[str]:
-    """A JSONL file of {"prompt": text} or {"messages": [...]} (chat template applied) -> prompt texts."""
-    prompts = []
-    try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except OSError as exc:
-        raise DFlashError(f"cannot read --data {path}: {exc.strerror}") from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        prompts.append(parse_prompt(line, f"{path}:{number}", tokenizer))
-    if not prompts:
-        raise DFlashError(f"--data {path} holds no prompts")
-    return prompts
+    """A JSONL file of {"prompt": text} or {"messages": [...]} (chat template applied) -> prompt texts;
+    the same format and checks as dflash-bench's --dataset."""
+    from ..bench.prompts import read_dataset
 
-
-def parse_prompt(line: str, where: str, tokenizer) -> str:
-    try:
-        item = json.loads(line)
-    except json.JSONDecodeError as exc:
-        raise DFlashError(f"{where}: not valid JSON ({exc.msg})") from None
-    if isinstance(item, dict) and isinstance(item.get("prompt"), str) and item["prompt"]:
-        return item["prompt"]
-    if isinstance(item, dict) and isinstance(item.get("messages"), list) and item["messages"]:
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise DFlashError(f"{where}: chat 'messages' given but the target's tokenizer has no chat template")
-        return tokenizer.apply_chat_template(item["messages"], tokenize=False, add_generation_prompt=True)
-    raise DFlashError(f"{where}: expected an object with a non-empty 'prompt' string or a 'messages' list")
+    return [p.text for p in read_dataset(path, tokenizer, flag="--data")]
 
 
 def stdlib_prompts(count: int, seed: int) -> list[str]:

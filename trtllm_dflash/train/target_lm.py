@@ -6,7 +6,6 @@ plain Hugging Face checkpoint that the runtime loads like any published one.
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 from ..errors import DFlashError
 from .corpus import SourceFile
+from .schedule import warmup_cosine
 
 
 @dataclass(frozen=True)
@@ -60,14 +60,6 @@ def token_stream(files: list[SourceFile], tokenizer) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up, then cosine decay to 10% (a multiplier of the peak learning rate)."""
-    if step < warmup:
-        return (step + 1) / warmup
-    progress = (step - warmup) / max(1, total - warmup)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 def pretrain(stream: torch.Tensor, shape: TargetShape, cfg: PretrainConfig, eos_id: int, log=print):
     """-> the trained transformers model (eval mode) and its per-step losses."""
     from transformers import Qwen3ForCausalLM
@@ -75,7 +67,7 @@ def pretrain(stream: torch.Tensor, shape: TargetShape, cfg: PretrainConfig, eos_
     torch.manual_seed(cfg.seed)
     model = Qwen3ForCausalLM(shape.hf_config(eos_id))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, cfg.warmup, cfg.steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: warmup_cosine(i, cfg.warmup, cfg.steps, floor=0.1))
     g = torch.Generator().manual_seed(cfg.seed)
     losses, t0 = [], time.time()
     model.train()

@@ -24,10 +24,11 @@ from ..generator import Generator
 from ..loading import LoadedTarget, load_target
 from ..models.drafter import DFlashDrafter
 from ..pairing import validate_pair
-from ..request import Request
+from ..request import Request, pooled_tau
 from ..speculative import DFlashProposer
 from .data import TrainingSet, encode, read_prompts, regenerate, stdlib_prompts
 from .objective import block_loss, decay_weights
+from .schedule import warmup_cosine
 from .spec import TrainSpec, default_layer_ids
 
 DEFAULT_PROMPTS = 4096  # stdlib snippets when no --data is given
@@ -76,13 +77,6 @@ def total_steps(spec: TrainSpec, rows: int) -> int:
     return max(1, math.ceil((spec.epochs or 6) * rows / spec.rows_per_step))
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up over `warmup` steps, then cosine decay to 0 at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup) / max(1, total - warmup))))
-
-
 def prepare_data(spec: TrainSpec, target: LoadedTarget, progress: Progress) -> tuple[TrainingSet, list[list[int]]]:
     """(training set, held-out eval prompts); cached in the state dir so a resumed run reuses it."""
     cache = spec.state_dir / "data.pt"
@@ -125,9 +119,8 @@ def held_out_tau(target, drafter, prompts: list[list[int]], stop_ids, max_new_to
     drafter.eval()
     results = Generator(target, DFlashProposer(drafter, target), tuple(stop_ids)).generate(
         [Request(tuple(p), max_new_tokens) for p in prompts])
-    steps = [a for r in results for a in r.acceptance_lengths]
     drafter.train()
-    return sum(steps) / len(steps) if steps else float("nan")
+    return pooled_tau(results)
 
 
 def save_drafter(drafter: DFlashDrafter, config: dict, out: Path) -> None:
@@ -189,7 +182,7 @@ def train(spec: TrainSpec, progress: Progress = Progress()) -> TrainState:
     steps = total_steps(spec, len(rows))
     opt = torch.optim.AdamW(drafter.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
     warmup = max(1, round(spec.warmup * steps))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: lr_factor(i, warmup, steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: warmup_cosine(i, warmup, steps))
     rng = torch.Generator().manual_seed(spec.seed)
     state = load_state(spec, drafter, opt, sched, rng)
     weights = decay_weights(spec.block_size).to(spec.device)

@@ -1,0 +1,29 @@
+"""Reading a YAML file of settings (a build config, a sweep preset): one mapping, keys as flag names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .errors import DFlashError
+
+
+def read_settings(path: str, missing: str, name: str, kind: str) -> dict[str, Any]:
+    """-> {setting: value} with '-' in keys read as '_'. missing: the error for an absent file;
+    name: how errors call the file; kind: what the mapping holds (e.g. 'build settings')."""
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise DFlashError(missing)
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise DFlashError(f"{name} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise DFlashError(f"{name} must hold a YAML mapping of {kind}, got {type(data).__name__}")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
