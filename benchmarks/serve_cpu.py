@@ -59,8 +59,8 @@ def run_point(url: str, prompts: list[str], concurrency: int) -> dict:
 
 
 def main() -> None:
-    from trtllm_dflash.build.builder import build_engine
-    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
     from trtllm_dflash.builtin import builtin_pair, held_out_prompts
     from trtllm_dflash.engine import free_port
     from trtllm_dflash.serve.locate import find_tritonserver

@@ -115,7 +115,7 @@ def test_chat_messages_need_a_chat_template(tmp_path):
 
 
 def test_tokenizer_from_an_engine_directory_records_its_manifest(tmp_path):
-    from trtllm_dflash.build.manifest import Manifest, sha256_file
+    from trtllm_dflash.builder.manifest import Manifest, sha256_file
 
     engine = tmp_path / "engine"
     byte_tokenizer(engine / "tokenizer")

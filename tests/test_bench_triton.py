@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from test_serve_triton import serving
-from trtllm_dflash.build.manifest import sha256_file
+from trtllm_dflash.builder.manifest import sha256_file
 from trtllm_dflash.cli.bench import main
 
 pytest.importorskip("tritonclient")

@@ -12,9 +12,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from tiny_models import add_tokenizer, drafter_config, make_hf_target, write_drafter
-from trtllm_dflash.build import builder
-from trtllm_dflash.build.manifest import Manifest
-from trtllm_dflash.build.trtllm_fields import CUDA_GRAPH, KV_CACHE, SPECULATIVE_DFLASH, TOP_LEVEL
+from trtllm_dflash.builder import builder
+from trtllm_dflash.builder.manifest import Manifest
+from trtllm_dflash.builder.trtllm_fields import CUDA_GRAPH, KV_CACHE, SPECULATIVE_DFLASH, TOP_LEVEL
 from trtllm_dflash.cli.build import main as build_main
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.loading import check_weights

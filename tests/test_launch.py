@@ -301,8 +301,8 @@ def test_bad_launch_settings_are_refused(kw, message):
 @pytest.fixture(scope="module")
 def engines(builtin, tmp_path_factory):
     """tp_size-2 engines of the built-in pair, one per backend."""
-    from trtllm_dflash.build.builder import build_engine
-    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
 
     root = tmp_path_factory.mktemp("engines")
     return {backend: build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(root / backend), backend=backend,

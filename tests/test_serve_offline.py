@@ -99,8 +99,8 @@ def test_first_stop():
 
 
 def test_torch_repository_config_is_valid_triton_config(builtin, tmp_path):
-    from trtllm_dflash.build.builder import build_engine
-    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
 
     engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e")), "test")
     model = write_repository(engine, tmp_path / "repo", ServeSettings("m", 4, 10))
@@ -113,8 +113,8 @@ def test_torch_repository_config_is_valid_triton_config(builtin, tmp_path):
 
 
 def test_trtllm_repository_and_launch_scripts(builtin, tmp_path):
-    from trtllm_dflash.build.builder import build_engine
-    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
     from trtllm_dflash.cli.serve import main as serve_main
 
     engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e"), backend="trtllm", tp=2), "t")
@@ -133,8 +133,8 @@ def test_trtllm_repository_and_launch_scripts(builtin, tmp_path):
 
 def test_plain_decoding_repositories(builtin, tmp_path):
     """--decoding plain: the torch model gets the parameter, a trtllm model.yaml loses its speculative config."""
-    from trtllm_dflash.build.builder import build_engine
-    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
 
     engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e")), "test")
     model = write_repository(engine, tmp_path / "repo", ServeSettings("m", decoding="plain"))
@@ -147,8 +147,8 @@ def test_plain_decoding_repositories(builtin, tmp_path):
 
 
 def test_plain_engine_decodes_like_dflash_without_a_drafter(builtin, tmp_path):
-    from trtllm_dflash.build.builder import build_engine
-    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
     from trtllm_dflash.builtin import held_out_prompts
     from trtllm_dflash.engine import load_engine
     from trtllm_dflash.request import Request

@@ -19,8 +19,8 @@ MAX_NEW = 24
 
 def serving(builtin, root, tp=1, decoding="dflash"):
     """Build a tiny torch engine, serve it; yields the server's description; asserts a clean stop."""
-    from trtllm_dflash.build.builder import build_engine
-    from trtllm_dflash.build.spec import BuildSpec
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
     from trtllm_dflash.serve.locate import find_tritonserver
     from trtllm_dflash.serve.repository import ServeSettings, write_repository
     from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .build.manifest import Manifest
+from .builder.manifest import Manifest
 from .checkpoint import load_tokenizer, read_safetensors, stop_token_ids
 from .config import DrafterConfig, TargetConfig, read_config_json
 from .errors import DFlashError

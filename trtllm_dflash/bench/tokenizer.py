@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..build.manifest import MANIFEST, Manifest, sha256_file
+from ..builder.manifest import MANIFEST, Manifest, sha256_file
 from ..checkpoint import load_tokenizer
 from ..errors import DFlashError
 

@@ -7,8 +7,8 @@ import json
 import shlex
 import sys
 
-from ..build.manifest import Manifest
-from ..build.spec import BACKENDS, QUANTS
+from ..builder.manifest import Manifest
+from ..builder.spec import BACKENDS, QUANTS
 from ..loading import DTYPES
 from .common import model_path, run_cli
 
@@ -37,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_build(argv: list[str]) -> int:
-    from ..build.builder import build_engine
-    from ..build.spec import BuildSpec
+    from ..builder.builder import build_engine
+    from ..builder.spec import BuildSpec
 
     args = vars(build_parser().parse_args(argv))
     config = args.pop("config")
@@ -72,7 +72,7 @@ def run_inspect(argv: list[str]) -> int:
 
 
 def run_verify(argv: list[str]) -> int:
-    from ..build.verify import verify_engine
+    from ..builder.verify import verify_engine
 
     p = argparse.ArgumentParser(prog=f"{PROG} verify")
     p.add_argument("engine_dir")

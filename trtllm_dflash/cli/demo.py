@@ -37,8 +37,8 @@ def log(message: str) -> None:
 
 
 def build(out: Path) -> Path:
-    from ..build.builder import build_engine
-    from ..build.spec import BuildSpec
+    from ..builder.builder import build_engine
+    from ..builder.spec import BuildSpec
     from ..pairs import stdlib_pair
 
     target, drafter = stdlib_pair()

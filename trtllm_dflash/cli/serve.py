@@ -60,7 +60,7 @@ def print_launch(spec, out: Path) -> None:
 
 
 def run(argv: list[str] | None) -> int:
-    from ..build.manifest import Manifest
+    from ..builder.manifest import Manifest
     from ..errors import DFlashError
     from ..serve.locate import find_tritonserver
     from ..serve.repository import ServeSettings, write_repository

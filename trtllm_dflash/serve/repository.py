@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ..build.manifest import Manifest
+from ..builder.manifest import Manifest
 from ..engine import DECODINGS
 from ..errors import DFlashError
 
