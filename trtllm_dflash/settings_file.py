@@ -8,20 +8,26 @@ from typing import Any
 from .errors import DFlashError
 
 
-def read_settings(path: str, missing: str, name: str, kind: str) -> dict[str, Any]:
-    """-> {setting: value} with '-' in keys read as '_'. missing: the error for an absent file;
-    name: how errors call the file; kind: what the mapping holds (e.g. 'build settings')."""
+def load_yaml(path: str | Path, missing: str, name: str) -> Any:
+    """-> the parsed document (None when empty). missing: the error for an absent file; name: how errors
+    call the file."""
     import yaml
 
     p = Path(path)
     if not p.is_file():
         raise DFlashError(missing)
     try:
-        data = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as exc:
+        return yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark else ""
-        raise DFlashError(f"{name} is not valid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise DFlashError(f"{name} is not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+
+
+def read_settings(path: str, missing: str, name: str, kind: str) -> dict[str, Any]:
+    """-> {setting: value} with '-' in keys read as '_'. missing: the error for an absent file;
+    name: how errors call the file; kind: what the mapping holds (e.g. 'build settings')."""
+    data = load_yaml(path, missing, name)
     if data is None:
         return {}
     if not isinstance(data, dict):
