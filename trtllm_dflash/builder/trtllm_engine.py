@@ -7,6 +7,7 @@ Nothing here imports tensorrt_llm; `dflash-build verify` parses the YAML with it
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import yaml
 from ..checkpoint import weight_files
 from ..errors import DFlashError
 from .builder import BuildPlan, copy_tokenizer
+from .trtllm_drafter import trtllm_drafter_config
 from .trtllm_fields import MIN_TENSORRT_LLM, check_options
 
 OPTIONS = "llm_options.yaml"
@@ -33,7 +35,7 @@ def write_trtllm_engine(plan: BuildPlan, tmp: Path) -> dict:
 
         details.update(quantize_target(plan.target_dir, target, spec.quant, spec.dtype, spec.calib))
     copy_tokenizer(plan.target_dir, target)
-    copy_checkpoint(plan.drafter_dir, tmp / "drafter")
+    copy_checkpoint(plan.drafter_dir, tmp / "drafter", trtllm_drafter_config(plan.drafter, plan.drafter_json))
     options = llm_options(plan)
     check_options(options)
     final = plan.final_dir
@@ -60,12 +62,14 @@ def llm_options(plan: BuildPlan) -> dict:
     }
 
 
-def copy_checkpoint(src: Path, dst: Path) -> None:
-    """config, generation config, every weight file (and the shard index) of a HF directory."""
+def copy_checkpoint(src: Path, dst: Path, config: dict | None = None) -> None:
+    """config (or `config` written in its place), generation config, every weight file and the shard index
+    of a HF directory."""
     dst.mkdir(parents=True, exist_ok=True)
-    names = ["config.json", "generation_config.json", "model.safetensors.index.json"]
-    for name in names:
+    for name in ("config.json", "generation_config.json", "model.safetensors.index.json"):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
+    if config is not None:
+        (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for f in weight_files(src):
         shutil.copy2(f, dst / f.name)
