@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 from tiny_models import add_tokenizer, drafter_config, make_hf_target, write_drafter
 from trtllm_dflash.builder import builder
 from trtllm_dflash.builder.manifest import Manifest
-from trtllm_dflash.builder.trtllm_fields import CUDA_GRAPH, KV_CACHE, SPECULATIVE_DFLASH, TOP_LEVEL
+from trtllm_dflash.builder.trtllm_fields import check_options
 from trtllm_dflash.cli.build import main as build_main
 from trtllm_dflash.config import DrafterConfig
 from trtllm_dflash.loading import check_weights
@@ -117,10 +117,7 @@ def test_trtllm_engine_options_and_published_drafter_layout(pairs, tmp_path):
     assert build("--target", target, "--drafter", drafter, "--output", out, "--backend", "trtllm", "--tp", 2,
                  "--block-size", 6, "--max-seq-len", 256) == 0
     options = yaml.safe_load((out / "llm_options.yaml").read_text())
-    assert set(options) <= set(TOP_LEVEL)
-    nested = {"speculative_config": SPECULATIVE_DFLASH, "kv_cache_config": KV_CACHE, "cuda_graph_config": CUDA_GRAPH}
-    for key, allowed in nested.items():
-        assert set(options[key]) <= set(allowed)
+    assert check_options(options) == []  # every key and value TorchLlmArgs accepts, nothing deprecated
     assert options["speculative_config"] == {"decoding_type": "DFlash", "max_draft_len": 5,
                                              "speculative_model": str(out / "drafter")}
     assert options["tensor_parallel_size"] == 2 and options["max_seq_len"] == 256

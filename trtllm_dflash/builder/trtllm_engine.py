@@ -49,7 +49,6 @@ def write_trtllm_engine(plan: BuildPlan, tmp: Path) -> dict:
 def llm_options(plan: BuildPlan) -> dict:
     spec = plan.spec
     return {
-        "backend": "pytorch",
         "tensor_parallel_size": spec.tp,
         "dtype": spec.dtype,
         "max_batch_size": spec.max_batch_size,

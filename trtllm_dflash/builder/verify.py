@@ -18,7 +18,7 @@ from ..pairing import validate_pair
 from ..parallel import Parallel
 from .manifest import Manifest
 from .trtllm_engine import OPTIONS
-from .trtllm_fields import check_options
+from .trtllm_fields import PINNED, check_options
 
 
 def verify_engine(engine_dir: str | Path) -> tuple[bool, list[str]]:
@@ -60,9 +60,9 @@ def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
     with torch.device("meta"):
         check_weights(DFlashDrafter(drafter), load_tensors(engine_dir / "drafter"), engine_dir / "drafter")
     options = yaml.safe_load((engine_dir / OPTIONS).read_text())
-    check_options(options)
+    warnings = check_options(options)
     lines = ["pair: configs valid and matched; drafter in the published DFlash layout",
-             f"options: {OPTIONS} uses only documented LLM API keys"]
+             f"options: {OPTIONS} matches TensorRT-LLM's field table ({PINNED})", *(f"warning: {w}" for w in warnings)]
     return lines + [parse_with_tensorrt_llm(engine_dir, options)]
 
 
