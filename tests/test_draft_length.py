@@ -1,0 +1,254 @@
+"""The draft-length policy's parts, with scripted costs and simulated acceptance (no model, no clock).
+
+Expected tokens are checked against closed forms (constant acceptance alpha: E[tokens | k] =
+(1 - alpha^(k+1)) / (1 - alpha)) and against simulation, never against the code's own formula.
+"""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from trtllm_dflash.draft_length.acceptance import AcceptanceModel, AcceptanceSettings
+from trtllm_dflash.draft_length.cost import CostModel, interpolate, monotone
+from trtllm_dflash.draft_length.policy import (BatchView, CostBasedDraftLen, FixedDraftLen, ProbeSettings,
+                                               ScheduledDraftLen)
+from trtllm_dflash.draft_len_schedule import DraftLenSchedule
+from trtllm_dflash.errors import DFlashError
+
+K = 15
+
+
+def linear_cost(plain: float, per_draft: float, draft_overhead: float = 0.0, batches=(1, 16),
+                contexts=(128, 1024), per_batch: float = 0.0) -> CostModel:
+    """Scripted cost: plain + per_batch * (B - 1) + [k > 0] * draft_overhead + per_draft * k, any context."""
+    lens = tuple(range(K + 1))
+    seconds = [[[plain + per_batch * (b - 1) + (draft_overhead if k else 0.0) + per_draft * k for k in lens]
+                for b in batches] for _ in contexts]
+    return CostModel(batches, lens, contexts, seconds)
+
+
+def geometric_tokens(alpha: float, k: int) -> float:
+    return (1 - alpha ** (k + 1)) / (1 - alpha) if alpha < 1 else k + 1.0
+
+
+def feed(model: AcceptanceModel, slots, alpha, steps: int, draft_len: int = K, seed: int = 0) -> None:
+    """Simulated verify steps: each draft accepted with probability alpha (per slot), until the first miss."""
+    rng = random.Random(seed)
+    alphas = alpha if isinstance(alpha, list) else [alpha] * len(slots)
+    for _ in range(steps):
+        accepted = []
+        for a in alphas:
+            n = 0
+            while n < draft_len and rng.random() < a:
+                n += 1
+            accepted.append(n)
+        model.observe(slots, draft_len, accepted)
+
+
+def view(slots, context=100, remaining=None, max_draft_len=K) -> BatchView:
+    return BatchView(list(slots), context, remaining or [1000] * len(slots), max_draft_len)
+
+
+def prepared(cost: CostModel, slots: int = 16, probe=ProbeSettings()) -> CostBasedDraftLen:
+    policy = CostBasedDraftLen(cost, probe=probe)
+    policy.prepare(type("G", (), {"slots": type("S", (), {"starts": [0] * slots}), "block": K + 1})())
+    return policy
+
+
+# -- the cost model ------------------------------------------------------------------------------
+
+def test_interpolation_and_extrapolation():
+    assert interpolate((1, 4, 16), [1.0, 4.0, 10.0], 4) == 4.0
+    assert interpolate((1, 4, 16), [1.0, 4.0, 10.0], 2) == 2.0
+    assert interpolate((1, 4, 16), [1.0, 4.0, 10.0], 10) == 7.0
+    assert interpolate((1, 4, 16), [1.0, 4.0, 10.0], 32) == 18.0  # past the end: the last slope
+    assert interpolate((4, 16), [1.0, 4.0], 1) == 1.0  # below the first point: flat, never cheaper
+    assert interpolate((4, 16), [4.0, 1.0], 40) == 1.0  # past a falling end: flat
+    assert interpolate((4,), [3.0], 100) == 3.0
+
+
+def test_monotone_pools_dips_instead_of_taking_the_maximum():
+    assert monotone([1.0, 3.0, 2.0, 4.0]) == [1.0, 2.5, 2.5, 4.0]
+    assert monotone([5.0, 1.0, 1.0]) == [7 / 3] * 3
+    assert monotone([1.0, 2.0]) == [1.0, 2.0]
+
+
+def test_step_seconds_on_and_between_grid_points(tmp_path):
+    seconds = [[[1.0, 2.0, 4.0], [2.0, 3.0, 6.0]], [[3.0, 4.0, 8.0], [4.0, 5.0, 10.0]]]
+    model = CostModel((1, 3), (0, 1, 3), (100, 300), seconds, {"device": "cpu: x"})
+    assert model.step_seconds(1, 100, 3) == [1.0, 2.0, 3.0, 4.0]
+    assert model.step_seconds(2, 200, 1) == pytest.approx([2.5, 3.5])  # the middle of all four
+    assert model.step_seconds(3, 300, 9) == [4.0, 5.0, 7.5, 10.0]  # capped at the measured maximum
+    path = tmp_path / "c.json"
+    model.save(path)
+    again = CostModel.load(path)
+    assert again == model and again.covers(3, 3) and not again.covers(4, 3) and not again.covers(3, 4)
+
+
+@pytest.mark.parametrize("change, needle", [
+    (dict(draft_lens=(1, 2)), "draft_lens must start at 0"),
+    (dict(batch_sizes=(2, 1)), "batch_sizes must be increasing integers >= 1"),
+    (dict(contexts=()), "contexts must be increasing integers >= 1"),
+    (dict(seconds=[[[1.0, 2.0]]]), "seconds must be positive numbers of shape (1, 1, 3)"),
+    (dict(seconds=[[[1.0, -2.0, 3.0]]]), "seconds must be positive numbers"),
+    (dict(seconds=[[[1.0, "x", 3.0]]]), "seconds must be positive numbers"),
+])
+def test_bad_cost_models_name_the_problem(change, needle):
+    fields = dict(batch_sizes=(1,), draft_lens=(0, 1, 2), contexts=(64,), seconds=[[[1.0, 2.0, 3.0]]])
+    with pytest.raises(DFlashError) as err:
+        CostModel(**{**fields, **change})
+    assert needle in str(err.value)
+
+
+def test_unreadable_cost_files(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    with pytest.raises(DFlashError, match="cannot read step cost model"):
+        CostModel.load(bad)
+    bad.write_text(json.dumps({"format": "other"}))
+    with pytest.raises(DFlashError, match="not a step cost model"):
+        CostModel.load(bad)
+    bad.write_text(json.dumps({"format": "dflash-step-cost/1", "batch_sizes": [1]}))
+    with pytest.raises(DFlashError, match="malformed step cost model"):
+        CostModel.load(bad)
+
+
+# -- the acceptance model ------------------------------------------------------------------------
+
+def test_expected_tokens_match_the_geometric_closed_form():
+    model = AcceptanceModel(4, K, AcceptanceSettings(prior=0.7, prior_weight=1e9))  # rates pinned at 0.7
+    tokens = model.expected_tokens([0, 1], [1000, 1000])
+    assert tokens.shape == (2, K + 1)
+    assert tokens[0] == pytest.approx([geometric_tokens(0.7, k) for k in range(K + 1)])
+
+
+def test_expected_tokens_stop_at_the_remaining_budget():
+    model = AcceptanceModel(2, K, AcceptanceSettings(prior=0.99, prior_weight=1e9))
+    tokens = model.expected_tokens([0, 1], [1, 3])
+    assert tokens[0] == pytest.approx([1.0] * (K + 1))  # one token left: drafting cannot add any
+    assert tokens[1, 2:] == pytest.approx([tokens[1, 2]] * (K - 1)) and tokens[1, 2] < 3
+
+
+def test_estimates_converge_to_the_true_per_slot_rates():
+    model = AcceptanceModel(3, K)
+    feed(model, [0, 2], [0.9, 0.2], steps=400)
+    rates = model.rates([0, 2])
+    assert rates[0, :4] == pytest.approx([0.9] * 4, abs=0.08)  # deep positions are reached often at 0.9
+    assert rates[1, 0] == pytest.approx(0.2, abs=0.12)
+    pooled = model.pooled_rates()[0]
+    assert 0.2 < pooled < 0.9  # a mixture of both requests
+
+
+def test_a_new_request_starts_from_the_pooled_rates():
+    model = AcceptanceModel(2, K)
+    feed(model, [0], 0.9, steps=200)
+    model.reset([0])
+    assert model.rates([0])[0] == pytest.approx(model.pooled_rates())
+    assert model.rates([1])[0] == pytest.approx(model.pooled_rates())
+
+
+def test_positions_past_the_draft_length_learn_nothing():
+    model = AcceptanceModel(1, K)
+    before = model.rates([0])[0, 3:].copy()
+    model.observe([0], 3, [3])
+    assert model.rates([0])[0, 0] > 0.5 and model.tried[0, 3:].sum() == 0
+    model.observe([0], 0, [0])  # a plain step is no evidence
+    assert model.tried[0, :3] == pytest.approx([1, 1, 1])
+    assert before.shape == (K - 3,)
+
+
+# -- the policy ----------------------------------------------------------------------------------
+
+def test_poor_acceptance_gives_plain_steps():
+    policy = prepared(linear_cost(plain=1.0, per_draft=0.05, draft_overhead=0.3))
+    feed(policy.acceptance, list(range(16)), 0.02, steps=50)
+    assert policy.choose(view(range(16))) == 0
+
+
+def test_perfect_acceptance_and_flat_cost_give_the_whole_block():
+    policy = prepared(linear_cost(plain=1.0, per_draft=0.001))
+    feed(policy.acceptance, [0], 1.0, steps=50)
+    assert policy.choose(view([0])) == K
+
+
+@pytest.mark.parametrize("alpha, per_draft, overhead", [(0.8, 0.05, 0.1), (0.6, 0.02, 0.2), (0.9, 0.2, 0.0),
+                                                          (0.5, 0.01, 0.5)])
+def test_choice_maximises_the_closed_form_rate(alpha, per_draft, overhead):
+    cost = linear_cost(plain=1.0, per_draft=per_draft, draft_overhead=overhead)
+    policy = CostBasedDraftLen(cost, acceptance=AcceptanceSettings(prior=alpha, prior_weight=1e9))
+    policy.prepare(type("G", (), {"slots": type("S", (), {"starts": [0] * 4}), "block": K + 1})())
+    rate = [geometric_tokens(alpha, k) / (1.0 + (overhead if k else 0) + per_draft * k) for k in range(K + 1)]
+    assert policy.choose(view([0, 1, 2, 3])) == int(np.argmax(rate))
+
+
+def test_never_worse_than_plain_in_expected_rate():
+    rng = random.Random(3)
+    for trial in range(200):
+        batches, lens, contexts = (1, 4, 16), (0, 1, 3, 7, 15), (64, 1024)
+        seconds = [[monotone([rng.uniform(0.5, 3.0) for _ in lens]) for _ in batches] for _ in contexts]
+        policy = prepared(CostModel(batches, lens, contexts, seconds), probe=ProbeSettings(first=10**9))
+        batch = rng.sample(range(16), rng.randint(1, 16))
+        feed(policy.acceptance, batch, [rng.random() for _ in batch], steps=rng.randint(0, 30), seed=trial)
+        b = view(batch, context=rng.randint(1, 2000), remaining=[rng.randint(1, 50) for _ in batch])
+        k = policy.choose(b)
+        rates = policy.expected_rates(b)
+        assert rates[k] >= rates[0] and rates[k] == rates.max()
+
+
+def test_probes_back_off_exponentially_and_recover_when_drafting_pays_again():
+    policy = prepared(linear_cost(plain=1.0, per_draft=0.02, draft_overhead=0.1), slots=1,
+                      probe=ProbeSettings(first=4, longest=16))
+    feed(policy.acceptance, [0], 0.0, steps=30)
+    choices = []
+    for _ in range(60):
+        k = policy.choose(view([0]))
+        choices.append(k)
+        policy.observe([0], k, [0])  # nothing is ever accepted
+    probes = [i for i, k in enumerate(choices) if k > 0]
+    assert np.diff(probes).tolist()[:3] == [8, 16, 16]  # waits 4, 8, 16, then capped at 16
+    assert probes[0] == 3
+    rng = random.Random(1)
+    for step in range(400):  # the drafter becomes perfect: the probes must find it
+        k = policy.choose(view([0]))
+        policy.observe([0], k, [k if rng.random() < 0.97 else 0])
+        if step > 100:
+            break
+    assert policy.choose(view([0])) > 3
+
+
+def simulate(policy: CostBasedDraftLen, alphas, seconds: list[float], steps=300, seed=0) -> float:
+    """Closed loop with Bernoulli acceptance at one batch and context; -> tokens per scripted second."""
+    rng, tokens, elapsed = random.Random(seed), 0, 0.0
+    slots = list(range(len(alphas)))
+    for _ in range(steps):
+        k = policy.choose(view(slots))
+        accepted = []
+        for a in alphas:
+            n = 0
+            while n < k and rng.random() < a:
+                n += 1
+            accepted.append(n)
+        policy.observe(slots, k, accepted)
+        tokens += sum(n + 1 for n in accepted)
+        elapsed += seconds[k]
+    return tokens / elapsed
+
+
+@pytest.mark.parametrize("alphas", [[0.85] * 4, [0.3] * 4, [0.95, 0.1, 0.6, 0.8], [0.05] * 16])
+def test_closed_loop_throughput_near_the_best_fixed_length_and_never_below_plain(alphas):
+    cost = linear_cost(plain=1.0, per_draft=0.04, draft_overhead=0.15, per_batch=0.05)
+    seconds = cost.step_seconds(len(alphas), 100, K)
+    learned = simulate(prepared(cost), alphas, seconds)
+    fixed = [sum(geometric_tokens(a, k) for a in alphas) / seconds[k] for k in range(K + 1)]  # exact expectations
+    assert learned >= 0.97 * fixed[0]  # never (beyond sampling noise and probes) below plain decoding
+    assert learned >= 0.9 * max(fixed)
+
+
+def test_fixed_and_scheduled_policies():
+    assert FixedDraftLen(4).choose(view([0])) == 4
+    assert FixedDraftLen(40).choose(view([0])) == K and FixedDraftLen().choose(view([0])) == K
+    schedule = ScheduledDraftLen(DraftLenSchedule.from_mapping({1: 15, 4: 7, 8: 2}))
+    assert [schedule.choose(view(range(n))) for n in (1, 3, 8, 9)] == [15, 7, 2, 0]
+    assert schedule.choose(view([0], max_draft_len=5)) == 5

@@ -1,0 +1,141 @@
+"""Draft-length policies: how many tokens to draft in the next step for the running batch.
+
+The generator asks `choose` before every step (k = 0 is a plain step: the target alone) and tells
+`observe` what the target accepted. Any k keeps the output exact: greedy output is the target's,
+and speculative sampling is lossless for any proposal length chosen from the past.
+
+- `FixedDraftLen(k)`: always k (capped by the block), the classic speculative loop.
+- `ScheduledDraftLen(schedule)`: TensorRT-LLM's `draft_len_schedule` semantics (running batch size
+  -> draft length), so a schedule tuned for a TensorRT-LLM deployment can be tried here.
+- `CostBasedDraftLen(cost)`: maximises expected output tokens per second of the running batch from
+  a measured step-cost model and live acceptance statistics; it drafts nothing when drafting does
+  not pay, and probes now and then (exponentially less often) so it notices when it pays again.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..draft_len_schedule import DraftLenSchedule
+from .acceptance import AcceptanceModel, AcceptanceSettings
+from .cost import CostModel
+
+
+@dataclass(frozen=True)
+class BatchView:
+    """What a policy sees of the running batch; host values only, so choosing needs no device sync."""
+
+    slots: list[int]  # cache slot of each running request
+    context: int  # longest committed length in the batch (tokens the verify attends to, before the block)
+    remaining: list[int]  # tokens each request may still emit
+    max_draft_len: int  # block size - 1 of this run
+
+
+class DraftLenPolicy(ABC):
+    name = "policy"
+
+    def prepare(self, generator) -> None:
+        """Called once the generator's caches are allocated (size per-slot state, calibrate)."""
+
+    def admit(self, slots: list[int]) -> None:
+        """New requests now occupy these slots."""
+
+    @abstractmethod
+    def choose(self, batch: BatchView) -> int:
+        """-> the draft length of the next step, 0..batch.max_draft_len."""
+
+    def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
+        """The step ran with `draft_len` drafts per row; row i (slot slots[i]) had accepted[i] accepted."""
+
+    def describe(self) -> dict:
+        return {"policy": self.name}
+
+
+class FixedDraftLen(DraftLenPolicy):
+    name = "fixed"
+
+    def __init__(self, draft_len: int | None = None):
+        self.draft_len = draft_len  # None: the whole block
+
+    def choose(self, batch: BatchView) -> int:
+        return batch.max_draft_len if self.draft_len is None else min(self.draft_len, batch.max_draft_len)
+
+    def describe(self) -> dict:
+        return {"policy": self.name, "draft_len": self.draft_len}
+
+
+class ScheduledDraftLen(DraftLenPolicy):
+    name = "schedule"
+
+    def __init__(self, schedule: DraftLenSchedule):
+        self.schedule = schedule
+
+    def choose(self, batch: BatchView) -> int:
+        return min(self.schedule.draft_len(len(batch.slots)), batch.max_draft_len)
+
+    def describe(self) -> dict:
+        return {"policy": self.name, "schedule": self.schedule.as_option()}
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """After `first` plain steps in a row a drafting step is tried; each probe that does not make
+    drafting win doubles the wait, up to `longest` steps (the cost of probing shrinks with it)."""
+
+    first: int = 16
+    longest: int = 1024
+
+
+class CostBasedDraftLen(DraftLenPolicy):
+    """argmax over k of  sum_b E[tokens_b | k] / step_seconds(batch, k, context)."""
+
+    name = "cost"
+
+    def __init__(self, cost: CostModel | None = None, acceptance: AcceptanceSettings = AcceptanceSettings(),
+                 probe: ProbeSettings = ProbeSettings(), calibrator=None):
+        self.cost, self.acceptance_settings, self.probe = cost, acceptance, probe
+        self.calibrator = calibrator  # generator -> CostModel, used when `cost` is missing or too small
+        self.acceptance: AcceptanceModel | None = None
+        self.plain_run, self.wait = 0, probe.first
+        self.last_rates: np.ndarray | None = None  # expected tokens/s per k at the last choice
+
+    def prepare(self, generator) -> None:
+        slots, max_draft_len = len(generator.slots.starts), generator.block - 1
+        if self.cost is None or not self.cost.covers(slots, max_draft_len):
+            if self.calibrator is None:
+                raise ValueError("CostBasedDraftLen needs a cost model covering the batch, or a calibrator")
+            self.cost = self.calibrator(generator)
+        self.acceptance = AcceptanceModel(slots, max_draft_len, self.acceptance_settings)
+        self.plain_run, self.wait = 0, self.probe.first
+
+    def admit(self, slots: list[int]) -> None:
+        self.acceptance.reset(slots)
+
+    def expected_rates(self, batch: BatchView) -> np.ndarray:
+        """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
+        seconds = np.asarray(self.cost.step_seconds(len(batch.slots), batch.context, batch.max_draft_len))
+        tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining).sum(0)[: len(seconds)]
+        return tokens / seconds
+
+    def choose(self, batch: BatchView) -> int:
+        rates = self.last_rates = self.expected_rates(batch)
+        best = int(np.argmax(rates))  # the first maximum: ties go to the shorter draft
+        if best > 0 or len(rates) == 1 or max(batch.remaining) < 2:
+            self.plain_run, self.wait = 0, self.probe.first
+            return best
+        self.plain_run += 1
+        if self.plain_run < self.wait:
+            return 0
+        self.plain_run, self.wait = 0, min(2 * self.wait, self.probe.longest)
+        return 1 + int(np.argmax(rates[1:]))  # the least bad drafting step: evidence for the estimates
+
+    def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
+        if self.acceptance is not None:
+            self.acceptance.observe(slots, draft_len, accepted)
+
+    def describe(self) -> dict:
+        meta = self.cost.meta if self.cost else {}
+        return {"policy": self.name, "calibration": {k: meta[k] for k in ("device", "threads") if k in meta}}
