@@ -79,10 +79,10 @@ def test_multi_token_chunks_are_not_mistaken_for_single_tokens():
     script = [(0.2, "abcd", {})] + [(0.4, "efgh", {})] * 3 + [(0.0, "", {"output_tokens": 16})]
     _, [rec] = run_phase(ScriptedClient(clock, script), clock)
     assert rec.osl == 16 and len(rec.chunk_times) == 4  # the empty final chunk carries no text
-    assert rec.gaps == pytest.approx([0.4, 0.4, 0.4])
+    assert rec.inter_chunk_latencies == pytest.approx([0.4, 0.4, 0.4])
     assert rec.tpot == pytest.approx(1.2 / 15)  # 0.08 s, while every chunk gap is 0.4 s
     summary = summarize_point(LoadPoint(1), [rec], 1, None)
-    assert summary["itl_ms_median"] == pytest.approx(400)
+    assert summary["inter_chunk_latency_ms_median"] == pytest.approx(400)
     assert summary["tpot_ms_median"] == pytest.approx(80)
     assert summary["interactivity_median"] == pytest.approx(12.5)
     assert summary["tokens_per_chunk"] == 4
@@ -97,6 +97,16 @@ def test_server_count_wins_and_a_mismatch_is_flagged():
     assert summarize_point(LoadPoint(1), [rec], 1, None)["osl_mismatches"] == 1
     row = rec.to_json()
     assert row["osl_mismatch"] is True and row["server_finish_reason"] == "length"
+
+
+def test_server_input_count_is_used_for_throughput_and_a_mismatch_is_flagged():
+    """AIPerf --use-server-token-count and `usage.prompt_tokens`: the server saw the prompt's tokens."""
+    recs = [record(0.0, 0.1, 1.0, 10, isl=100, input_tokens=103), record(0.0, 0.1, 1.0, 10, isl=100)]
+    s = summarize_point(LoadPoint(2), recs, 1, None)
+    assert s["input_tokens"] == 203 and s["isl_mismatches"] == 1
+    assert s["total_throughput"] == pytest.approx((203 + 20) / 1.0)
+    row = recs[0].to_json()
+    assert (row["isl"], row["isl_server"], row["isl_mismatch"]) == (100, 103, True)
 
 
 def test_one_token_or_one_chunk_outputs_have_no_tpot():

@@ -108,7 +108,8 @@ class FakeOpenAI(LoopbackServer):
                 await asyncio.sleep(self.gap)
         if body.get("stream_options", {}).get("include_usage"):
             prompt = sum(len(m["content"]) for m in body["messages"]) if chat else len(body["prompt"])
-            await send({"choices": [], "usage": {"prompt_tokens": prompt,
+            dflash = {"drafted_tokens": 2 * body["max_tokens"], "accepted_tokens": body["max_tokens"]}
+            await send({"choices": [], "usage": {"prompt_tokens": prompt, "dflash": dflash,
                                                  "completion_tokens": body["max_tokens"] + self.usage_extra}})
         await resp.write(b"data: [DONE]\n\n")
         return resp
@@ -146,13 +147,16 @@ def test_completions_sweep_measures_streamed_tokens(tok_dir, tmp_path, monkeypat
         assert r["osl"] == r["osl_server"] == r["osl_tokenizer"] == 12 and not r["osl_mismatch"]
         assert r["chunks"] == 4 and r["ttft_s"] >= 0.05
         assert r["tpot_s"] == pytest.approx((r["e2e_s"] - r["ttft_s"]) / 11)
-        assert r["tpot_s"] < 0.5 * min(r["itl_s"])  # three tokens a chunk: TPOT is about a third of a gap
+        # three tokens a chunk: TPOT is about a third of a gap
+        assert r["tpot_s"] < 0.5 * min(r["inter_chunk_latency_s"])
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "complete" and len(summary["points"]) == 2
     p = summary["points"][1]
     assert p["completed"] == 4 and p["output_tokens"] == 48 and p["tokens_per_chunk"] == 3
     assert p["total_throughput_per_gpu"] == pytest.approx((p["input_tokens"] + 48) / p["duration_s"])
     assert p["acceptance_length"] is None  # an OpenAI server without dflash counters: n/a, not zero
+    assert p["acceptance_rate_responses"] == 0.5  # from usage.dflash (dflash-serve's OpenAI extension)
+    assert all(r["isl_server"] == r["isl"] and not r["isl_mismatch"] for r in rows)  # usage.prompt_tokens
     manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["settings"]["api"] == "openai"
     assert manifest["versions"]["aiohttp"] and manifest["points"] == ["c1", "c2"]

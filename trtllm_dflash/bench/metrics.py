@@ -1,9 +1,13 @@
 """Per-point statistics over the requests of one load point (definitions: shared/reference/benchmarking.md).
 
 Latency statistics cover completed requests; throughput counts their tokens over the point's wall
-time (first send to last finish, in s). Interactivity statistics derive from the TPOT statistics:
-median interactivity = 1000 / median TPOT(ms), p99 interactivity = 1000 / p99 TPOT(ms), the tail
-(99% of requests are at least this interactive).
+time (first send to last finish, in s), the server's counts where it reports them. Names as the
+field uses them (AIPerf 0.13 in brackets): TTFT (time_to_first_token), TPOT = (E2E - TTFT) / (OSL - 1)
+(inter_token_latency, ITL), E2E (request_latency), inter-chunk latency (inter_chunk_latency), output
+and total (input + output) tokens/s (output_token_throughput, total_token_throughput).
+Interactivity statistics derive from the TPOT statistics: median interactivity = 1000 / median
+TPOT(ms) (AIPerf's output_token_throughput_per_user is 1 / ITL per request), p99 interactivity =
+1000 / p99 TPOT(ms), the slow tail (99% of requests are at least this interactive).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ def wall_time(records: Sequence[RequestRecord]) -> float:
 def throughput(records: Sequence[RequestRecord], wall: float, num_gpus: int) -> dict[str, float | None]:
     done = [r for r in records if r.ok]
     out_tokens = sum(r.osl or 0 for r in done)
-    in_tokens = sum(r.isl for r in done)
+    in_tokens = sum(r.input_tokens for r in done)
     per_s = (lambda n: n / wall) if wall > 0 else (lambda n: None)
     total = per_s(in_tokens + out_tokens)
     output = per_s(out_tokens)
@@ -69,11 +73,12 @@ def summarize_point(point: LoadPoint, records: Sequence[RequestRecord], num_gpus
         "point": point.name, "concurrency": point.concurrency, "request_rate": point.rate, "load": point.load,
         "num_gpus": num_gpus, "requests": len(records), "completed": len(done),
         "failed": len(records) - len(done), "timed_out": sum(r.error_kind == "timeout" for r in records),
-        "osl_mismatches": sum(r.osl_mismatch for r in done), "tpot_undefined": len(done) - len(tpots),
+        "osl_mismatches": sum(r.osl_mismatch for r in done), "isl_mismatches": sum(r.isl_mismatch for r in done),
+        "tpot_undefined": len(done) - len(tpots),
         "duration_s": wall,
         **latency_stats("ttft", [r.ttft for r in done]), **latency_stats("tpot", tpots),
         **latency_stats("e2e", [r.e2e for r in done]),
-        "itl_ms_median": _ms(percentile([g for r in done for g in r.gaps], 50)),
+        **latency_stats("inter_chunk_latency", [g for r in done for g in r.inter_chunk_latencies]),
         "tokens_per_chunk": _ratio(sum(r.osl or 0 for r in done), sum(len(r.chunk_times) for r in done)),
     }
     summary["interactivity_median"] = _per_s(summary["tpot_ms_median"])

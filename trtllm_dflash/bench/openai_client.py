@@ -2,8 +2,9 @@
 
 Text prompts go to /v1/completions, chat prompts (`messages`) to /v1/chat/completions, both with
 stream=true (SSE, ending in `data: [DONE]`). `ignore_eos` is the servers' extension for fixed
-output lengths; `stream_options.include_usage` asks for the server's token counts. A server started
-with an API key gets it from $OPENAI_API_KEY.
+output lengths; `stream_options.include_usage` asks for the server's token counts (its `usage`: input
+and output tokens; dflash-serve adds drafted/accepted tokens as `usage.dflash`). A server started with
+an API key gets it from $OPENAI_API_KEY.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from .prompts import Prompt
 from .records import Chunk
 
 USAGE = {"completion_tokens": "output_tokens", "prompt_tokens": "input_tokens"}
+DFLASH_USAGE = {"drafted_tokens": "draft_tokens", "accepted_tokens": "accepted_draft_tokens"}  # usage.dflash
 
 
 def payload(settings: ClientSettings, prompt: Prompt, max_tokens: int) -> tuple[str, dict[str, Any]]:
@@ -36,6 +38,8 @@ def parse_event(event: dict[str, Any]) -> Chunk:
     fields: dict[str, Any] = {}
     usage = event.get("usage") or {}
     fields.update({USAGE[k]: v for k, v in usage.items() if k in USAGE and v is not None})
+    extension = usage.get("dflash") if isinstance(usage.get("dflash"), dict) else {}
+    fields.update({DFLASH_USAGE[k]: v for k, v in extension.items() if k in DFLASH_USAGE and v is not None})
     text = ""
     for choice in event.get("choices") or []:
         text += choice.get("text") or (choice.get("delta") or {}).get("content") or ""

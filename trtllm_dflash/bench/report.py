@@ -127,8 +127,10 @@ def fmt(value: float | None, spec: str = ".1f") -> str:
     return NA if value is None else format(value, spec)
 
 
-INTRO = ("Throughput per GPU is total-token (input + output) throughput divided by the GPUs serving; "
-         "interactivity is 1000 / TPOT(ms) of the point's median TPOT, TPOT = (E2E - TTFT) / (OSL - 1).")
+INTRO = ("The headline throughput per GPU is total-token (input + output) throughput divided by the GPUs serving "
+         "(output-token throughput per GPU is in the point tables); interactivity is 1000 / TPOT(ms) of the point's "
+         "median TPOT, TPOT = (E2E - TTFT) / (OSL - 1), which AIPerf and vLLM call inter-token latency (ITL); the "
+         "gaps between streamed chunks are the inter-chunk latency, a diagnostic.")
 PLOTS = ["![frontier](frontier.png)", "![TTFT against throughput](ttft_vs_throughput.png)",
          "![acceptance length against load](acceptance_vs_concurrency.png)"]
 
@@ -159,7 +161,8 @@ def runs_table(runs: list[Run]) -> str:
 
 def headline_table(report: Report, runs: list[Run]) -> str:
     labels = [r.label for r in runs]
-    lines = ["| interactivity (tok/s/user) | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    lines = ["| interactivity (tok/s/user) | " + " | ".join(f"{label}: total tok/s/GPU" for label in labels) + " |",
+             "|---" * (len(labels) + 1) + "|"]
     by_level: dict[float, list[str]] = {}
     for row in report.rows:
         cell = fmt(row["throughput_per_gpu"])
@@ -174,7 +177,8 @@ def headline_table(report: Report, runs: list[Run]) -> str:
 POINT_COLUMNS = [  # header, summary keys (shown "a / b"), format
     ("point", ("point",), "s"), ("ok / sent", ("completed", "requests"), "d"),
     ("TTFT p50 / p99 ms", ("ttft_ms_median", "ttft_ms_p99"), ".1f"),
-    ("TPOT p50 / p99 ms", ("tpot_ms_median", "tpot_ms_p99"), ".2f"),
+    ("TPOT (ITL) p50 / p99 ms", ("tpot_ms_median", "tpot_ms_p99"), ".2f"),
+    ("inter-chunk p50 ms", ("inter_chunk_latency_ms_median",), ".2f"),
     ("interactivity p50 / p99", ("interactivity_median", "interactivity_p99"), ".1f"),
     ("tok/s/GPU (total / output)", (Y, "output_throughput_per_gpu"), ".1f"),
     ("AL (counters)", ("acceptance_length",), ".2f"),

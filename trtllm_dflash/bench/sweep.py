@@ -176,9 +176,11 @@ class Sweep:
         if summary["failed"]:
             warnings.append(f"{summary['failed']} of {summary['requests']} requests failed "
                             f"({summary['timed_out']} timed out)")
-        if summary["osl_mismatches"]:
-            warnings.append(f"{summary['osl_mismatches']} requests: the server's output token count differs from "
-                            "the tokenizer's (the server's count is used)")
+        for side in ("output", "input"):
+            count = summary[f"{side[0]}sl_mismatches"]
+            if count:
+                warnings.append(f"{count} requests: the server's {side} token count differs from the tokenizer's "
+                                "(the server's count is used)")
         if summary["tpot_undefined"]:
             warnings.append(f"{summary['tpot_undefined']} completed requests streamed their text in one chunk (or "
                             "one token): no TPOT, left out of TPOT and interactivity")
@@ -240,5 +242,7 @@ def point_line(s: dict[str, Any]) -> str:
         return "n/a" if value is None else format(value, spec)
 
     return (f"point {s['point']}: {s['completed']}/{s['requests']} ok, TTFT p50 {fmt(s['ttft_ms_median'])} ms, "
-            f"TPOT p50 {fmt(s['tpot_ms_median'], '.2f')} ms ({fmt(s['interactivity_median'])} tok/s/user), "
-            f"{fmt(s['total_throughput_per_gpu'])} tok/s/GPU, AL {fmt(s['acceptance_length'], '.2f')}")
+            f"TPOT (ITL) p50 {fmt(s['tpot_ms_median'], '.2f')} ms ({fmt(s['interactivity_median'])} tok/s/user), "
+            f"inter-chunk p50 {fmt(s['inter_chunk_latency_ms_median'], '.2f')} ms, "
+            f"total (input+output) {fmt(s['total_throughput_per_gpu'])} tok/s/GPU [headline], "
+            f"output {fmt(s['output_throughput_per_gpu'])} tok/s/GPU, AL {fmt(s['acceptance_length'], '.2f')}")

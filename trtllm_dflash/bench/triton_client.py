@@ -22,7 +22,8 @@ from .prompts import Prompt
 from .records import Chunk
 
 # Triton output tensor -> the record's server field
-FIELDS = {"num_output_tokens": "output_tokens", "total_accepted_draft_tokens": "accepted_draft_tokens",
+FIELDS = {"num_output_tokens": "output_tokens", "num_input_tokens": "input_tokens",
+          "total_accepted_draft_tokens": "accepted_draft_tokens",
           "total_draft_tokens": "draft_tokens", "finish_reason": "finish_reason"}
 REQUIRED = ("text_input", "sampling_param_max_tokens")
 WANTED = ("sampling_param_ignore_eos", "sampling_param_exclude_input_from_output", "streaming")
