@@ -46,3 +46,12 @@ def builtin(builtin_home):
     from trtllm_dflash.builtin import builtin_pair
 
     return builtin_pair(builtin_home)
+
+
+@pytest.fixture(scope="session")
+def triton_server(builtin, tmp_path_factory):
+    """The real tritonserver serving a tiny torch engine of the test pair, shared by the serving tests
+    (Triton and its OpenAI frontend); stopped cleanly at the end of the session."""
+    from test_serve_triton import serving
+
+    yield from serving(builtin, tmp_path_factory.mktemp("serve"))

@@ -42,8 +42,8 @@ def serving(builtin, root, tp=1, decoding="dflash"):
 
 
 @pytest.fixture(scope="module")
-def server(builtin, tmp_path_factory):
-    yield from serving(builtin, tmp_path_factory.mktemp("serve"))
+def server(triton_server):
+    return triton_server
 
 
 def post(server, path: str, body: dict, timeout: float = 120) -> dict:
@@ -85,6 +85,8 @@ def test_generate_equals_dflash_generate(server):
     reply = post(server, "generate", body(prompt))
     assert reply["text_output"] == prompt + expected["text"]  # the prompt is included by default
     assert reply["num_output_tokens"] == MAX_NEW and reply["finish_reason"] == "length"
+    assert reply["num_input_tokens"] == len(prompt.encode())  # the byte tokenizer: a token a byte
+    assert reply["num_draft_steps"] == len(expected["acceptance_lengths"])
     assert reply["total_draft_tokens"] == 7 * len(expected["acceptance_lengths"])
     excluded = post(server, "generate", body(prompt, sampling_param_exclude_input_from_output=True))
     assert excluded["text_output"] == expected["text"]

@@ -16,6 +16,7 @@ from typing import Protocol
 from ..errors import DFlashError
 from ..generator import Generator, Sequence
 from ..request import Request
+from .failures import CANCELLED, INTERNAL_ERROR, OVERLOADED, SHUTTING_DOWN
 
 STEP_IDLE_S = 0.005  # how long the loop sleeps when nothing is queued or running
 
@@ -77,7 +78,7 @@ class ServingLoop:
         except DFlashError as exc:
             return self.reject(req.responder, str(exc))
         if self.pending.qsize() >= self.max_queue:
-            return self.reject(req.responder, f"overloaded: {self.pending.qsize()} requests already waiting "
+            return self.reject(req.responder, f"{OVERLOADED}: {self.pending.qsize()} requests already waiting "
                                     f"(max queue {self.max_queue}); retry later")
         self.pending.put(req)
 
@@ -96,7 +97,7 @@ class ServingLoop:
             try:
                 self.iterate()
             except Exception as exc:  # keep serving: fail the requests in flight, not the server
-                self.fail_running(f"internal error: {type(exc).__name__}: {exc}")
+                self.fail_running(f"{INTERNAL_ERROR}: {type(exc).__name__}: {exc}")
         self.shutdown()
 
     def iterate(self) -> None:
@@ -143,7 +144,7 @@ class ServingLoop:
                 self.generator.cancel(seq, "cancelled")
                 self.count(failed=1)
                 try:
-                    seq.tag.responder.error("request cancelled by the client")
+                    seq.tag.responder.error(CANCELLED)
                 except Exception:  # the connection is gone; Triton may refuse the send
                     pass
 
@@ -173,11 +174,13 @@ class ServingLoop:
     def finished(self, seq: Sequence, text: str) -> None:
         req, result = seq.tag, seq.result
         body = text[len(req.sent_text):] if req.streaming else text
-        steps = len(result.acceptance_lengths)
+        draft_steps = len(result.acceptance_lengths) if result.drafted_tokens else 0
         outputs = {
             "text_output": self.with_prompt(req, body),
             "finish_reason": result.finish_reason,
             "num_output_tokens": len(result.output_ids),
+            "num_input_tokens": len(req.request.prompt_ids),
+            "num_draft_steps": draft_steps,
             "total_accepted_draft_tokens": result.accepted_tokens,
             "total_draft_tokens": result.drafted_tokens,
             "acceptance_rate": result.accepted_tokens / result.drafted_tokens if result.drafted_tokens else 0.0,
@@ -185,7 +188,7 @@ class ServingLoop:
             "first_token_time_ns": req.first_token_ns,
             "last_token_time_ns": time.time_ns(),
         }
-        self.count(generated_tokens=len(result.output_ids), draft_steps=steps * bool(result.drafted_tokens),
+        self.count(generated_tokens=len(result.output_ids), draft_steps=draft_steps,
                     drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens)
         req.responder.send(outputs, final=True)
 
@@ -202,9 +205,9 @@ class ServingLoop:
             self.on_update(self.counters, {})
 
     def shutdown(self) -> None:
-        self.fail_running("server shutting down: request cancelled")
+        self.fail_running(f"{SHUTTING_DOWN}: request cancelled")
         while not self.pending.empty():
-            self.pending.get_nowait().responder.error("server shutting down: request cancelled")
+            self.pending.get_nowait().responder.error(f"{SHUTTING_DOWN}: request cancelled")
 
 
 def first_stop(text: str, stops: tuple[str, ...]) -> int | None:

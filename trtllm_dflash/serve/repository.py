@@ -17,7 +17,7 @@ from ..builder.manifest import Manifest
 from ..engine import DECODINGS
 from ..errors import DFlashError
 
-# (name, Triton type, dims, optional) of TensorRT-LLM's llmapi model, plus our two extensions
+# (name, Triton type, dims, optional) of TensorRT-LLM's llmapi model, plus our extensions
 INPUTS = [
     ("text_input", "TYPE_STRING", [-1], False), ("streaming", "TYPE_BOOL", [1], True),
     ("sampling_param_max_tokens", "TYPE_INT32", [1], True), ("sampling_param_temperature", "TYPE_FP32", [1], True),
@@ -33,7 +33,9 @@ OUTPUTS = [
     ("first_token_time_ns", "TYPE_INT64", [1]), ("last_token_time_ns", "TYPE_INT64", [1]),
 ]
 TORCH_EXTRA_INPUTS = [("sampling_param_ignore_eos", "TYPE_BOOL", [1], True)]
-TORCH_EXTRA_OUTPUTS = [("num_output_tokens", "TYPE_INT32", [1])]
+# the server's own token counts (the OpenAI frontend's `usage`) and verify steps that carried drafts
+TORCH_EXTRA_OUTPUTS = [("num_output_tokens", "TYPE_INT32", [1]), ("num_input_tokens", "TYPE_INT32", [1]),
+                       ("num_draft_steps", "TYPE_INT32", [1])]
 MODEL_PY = "# Written by dflash-serve.\nfrom trtllm_dflash.serve.triton_model import TritonPythonModel  # noqa: F401\n"
 
 

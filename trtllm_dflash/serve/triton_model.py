@@ -2,7 +2,7 @@
 
 Request/response tensors carry the names of TensorRT-LLM's Triton `llmapi` model, so one client
 serves both kinds of deployment. Extensions: `sampling_param_ignore_eos` (BOOL, load tests) and
-the `num_output_tokens` output.
+the `num_output_tokens`, `num_input_tokens`, `num_draft_steps` outputs (the server's own counts).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from .loop import Counters, ServeRequest, ServingLoop
 DEFAULT_MAX_TOKENS = 32  # TensorRT-LLM's SamplingParams default
 OUTPUT_TYPES = {
     "text_output": np.object_, "finish_reason": np.object_, "num_output_tokens": np.int32,
+    "num_input_tokens": np.int32, "num_draft_steps": np.int32,
     "total_accepted_draft_tokens": np.int32, "total_draft_tokens": np.int32, "acceptance_rate": np.float32,
     "arrival_time_ns": np.int64, "first_token_time_ns": np.int64, "last_token_time_ns": np.int64,
 }

@@ -1,0 +1,7 @@
+"""How the serving loop's own failure messages begin, so clients (the OpenAI frontend) can tell a
+server-side failure from a bad request without importing the loop (and torch)."""
+
+OVERLOADED = "overloaded"  # the queue is full: retry later
+INTERNAL_ERROR = "internal error"  # a step failed: the requests in flight fail, the server keeps serving
+SHUTTING_DOWN = "server shutting down"  # SIGTERM: what is in flight or queued is cancelled
+CANCELLED = "request cancelled by the client"
