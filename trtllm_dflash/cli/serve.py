@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..errors import DFlashError
 from .common import run_cli
 
 PROG = "dflash-serve"
@@ -20,6 +21,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=8001)
     p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("--openai-port", type=int, help="also serve the OpenAI API (/v1/models, /v1/completions, "
+                   "/v1/chat/completions) on this port: torch engines through a frontend that forwards to "
+                   "tritonserver, trtllm engines through TensorRT-LLM's trtllm-serve")
+    p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template for /v1/chat/completions "
+                   "(default: the tokenizer's)")
     p.add_argument("--max-batch-size", type=int, help="running batch (default: the engine's)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors")
     p.add_argument("--decoding", default="dflash", help="dflash (default) or plain: the target alone, the baseline")
@@ -61,7 +67,6 @@ def print_launch(spec, out: Path) -> None:
 
 def run(argv: list[str] | None) -> int:
     from ..builder.manifest import Manifest
-    from ..errors import DFlashError
     from ..serve.locate import find_tritonserver
     from ..serve.repository import ServeSettings, write_repository
     from ..serve.server import Endpoints, run_foreground
@@ -70,6 +75,7 @@ def run(argv: list[str] | None) -> int:
     settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding)
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
+    frontend = openai_settings(args)  # checked before anything is written
     spec = launch_spec(args, manifest, repo) if manifest.backend == "trtllm" or args.print_launch else None
     model_dir = write_repository(Path(args.engine_dir), repo, settings)
     print(f"model repository: {repo} (model '{args.model_name}')", file=sys.stderr)
@@ -81,6 +87,8 @@ def run(argv: list[str] | None) -> int:
     if args.print_launch:
         print_launch(spec, Path(args.print_launch))
         return 0
+    if manifest.backend == "trtllm" and frontend is not None:
+        return trtllm_openai(args, manifest, repo)
     if args.write_only:
         return 0
     if manifest.backend == "trtllm" and not (model_dir / "1" / "model.py").exists():
@@ -92,7 +100,41 @@ def run(argv: list[str] | None) -> int:
     ends = Endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)
     print(f"serving on {ends.http_url} (gRPC :{ends.grpc_port}, metrics {ends.metrics_url}); Ctrl-C stops",
           file=sys.stderr)
-    return run_foreground(install, repo, ends)
+    return run_foreground(install, repo, ends, frontend)
+
+
+def openai_settings(args):
+    """The OpenAI frontend's settings (validated before anything starts), or None without --openai-port."""
+    if args.openai_port is None:
+        if args.chat_template:
+            raise DFlashError("--chat-template is for the OpenAI API: give --openai-port too")
+        return None
+    from ..serve.openai.server import FrontendSettings
+
+    triton_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    return FrontendSettings(args.engine_dir, f"{triton_host}:{args.grpc_port}", args.model_name, args.host,
+                            args.openai_port, args.chat_template)
+
+
+def trtllm_openai(args, manifest, repo: Path) -> int:
+    """Print trtllm-serve's command for this engine, then run it (exec) where TensorRT-LLM is installed."""
+    import os
+    import shlex
+    import shutil
+
+    from ..serve.openai.trtllm import model_link, trtllm_serve_command
+
+    engine = Path(args.engine_dir).absolute()
+    link = model_link(engine, args.model_name, repo)
+    command = trtllm_serve_command(link, engine / manifest.backend_details["options"], manifest.tp_size, args.host,
+                                   args.openai_port, args.chat_template)
+    print(f"OpenAI API (TensorRT-LLM): {shlex.join(command)}", file=sys.stderr, flush=True)
+    if args.write_only:
+        return 0
+    if shutil.which("trtllm-serve") is None:
+        raise DFlashError("trtllm-serve is not on PATH: run the command above inside the TensorRT-LLM container "
+                          "(it serves the OpenAI API of trtllm engines)")
+    os.execvp(command[0], command)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -72,20 +73,47 @@ def stop_server(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> int:
     return proc.returncode
 
 
-def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints) -> int:
-    """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown."""
-    proc = start_server(install, repo, ends)
+def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None) -> int:
+    """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. With `frontend` (FrontendSettings), the
+    OpenAI frontend runs beside tritonserver, started once Triton is ready and stopped first (it ends its
+    streams while Triton still answers); when either child dies, the other is stopped too."""
+    children = [start_server(install, repo, ends)]
     stop = {"requested": False}
 
     def forward(signum, frame):
         stop["requested"] = True
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
+        for child in reversed(children):
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
 
     old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        code = proc.wait()
+        if frontend is not None:
+            try:
+                start_openai(children, ends, frontend, stop)
+            except DFlashError:
+                if not stop["requested"]:  # a signal while starting is a stop, not a failure
+                    raise
+        while all(child.poll() is None for child in children):
+            time.sleep(0.2)
+        codes = [stop_server(child) for child in reversed(children)]
     finally:
+        for child in reversed(children):  # an error above must not leave a child behind
+            stop_server(child)
         for s, handler in old.items():
             signal.signal(s, handler)
-    return 0 if stop["requested"] and code in (0, -signal.SIGTERM) else code
+    if stop["requested"] and all(code in (0, -signal.SIGTERM) for code in codes):
+        return 0
+    return next((code for code in codes if code not in (0, -signal.SIGTERM)), 1)
+
+
+def start_openai(children: list[subprocess.Popen], ends: Endpoints, settings, stop: dict) -> None:
+    """The OpenAI frontend (appended to `children` at once, so a signal reaches it), once Triton is ready."""
+    from .openai.process import start_frontend, wait_frontend
+
+    wait_ready(children[0], ends)
+    if stop["requested"]:
+        return
+    children.append(start_frontend(settings))
+    wait_frontend(children[-1], settings)
+    print(f"OpenAI API on {settings.url}/v1 (model '{settings.model}')", file=sys.stderr, flush=True)
