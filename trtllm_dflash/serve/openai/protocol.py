@@ -75,7 +75,9 @@ class SamplingRequest(Strict):
         if self.model != served_model:
             raise InvalidRequest(f"The model `{self.model}` does not exist (this server serves `{served_model}`)",
                                  "model", 404, "model_not_found")
-        for name, value in self.unsupported().items():
+        unsupported = self.unsupported()
+        if unsupported:
+            name, value = next(iter(unsupported.items()))
             raise InvalidRequest(f"{name}={value!r} is not supported by this server", name)
         if self.stream_options is not None and not self.stream:
             raise InvalidRequest("stream_options is only allowed with stream=true", "stream_options")

@@ -2,15 +2,15 @@
 under the same model name a torch engine's frontend uses, so one client works against both.
 
 Facts read from NVIDIA/TensorRT-LLM (the repository is too large to fetch here; the stored files):
-- `tensorrt_llm/commands/serve.py` @00209af1, the `serve` click command: positional MODEL (a Hugging
+- `tensorrt_llm/commands/serve.py` @00209af149e7, the `serve` click command: positional MODEL (a Hugging
   Face checkpoint directory), `--host` (default localhost), `--port` (default 8000), `--backend`
   (pytorch, the default), `--tp_size` (alias of `--tensor_parallel_size`), `--config` (alias
   `--extra_llm_api_options`: a YAML whose keys override the flags), `--chat_template` (a file path or
   a one-line template);
-- `tensorrt_llm/serve/openai_server.py` @00057725, `OpenAIServer.__init__`: when MODEL is an existing
+- `tensorrt_llm/serve/openai_server.py` @00057725d9a6, `OpenAIServer.__init__`: when MODEL is an existing
   directory the served model id is the directory's name (`Path(model).name`), hence a link named after
   the model that points at the engine's target checkpoint. (`--served_model_name` is newer than
-  serve.py @00209af1, so it is not relied on.)
+  serve.py @00209af149e7, so it is not relied on.)
 """
 
 from __future__ import annotations
