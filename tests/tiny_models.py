@@ -95,3 +95,47 @@ def add_tokenizer(path: Path, vocab: int = VOCAB, eos: int = 1) -> Path:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=f"t{eos}", unk_token="t0").save_pretrained(str(path))
     return path
+
+
+def hybrid_text_config(**overrides) -> dict:
+    """A tiny Qwen3.5 language model: layers 0-2 Gated DeltaNet, layer 3 gated full attention."""
+    text = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, max_position_embeddings=512,
+                rms_norm_eps=1e-6, eos_token_id=1, tie_word_embeddings=False)
+    text.update(overrides)
+    return text
+
+
+def make_hf_hybrid(path: Path, layout: str = "text", seed: int = 0, **overrides):
+    """Save a random transformers Qwen3.5 model (the oracle) and return it in eval mode, float32.
+    layout "text": Qwen3_5ForCausalLM; "multimodal": Qwen3_5ForConditionalGeneration (a vision tower
+    beside the language model under model.language_model.*)."""
+    from transformers import (AutoModelForCausalLM, Qwen3_5Config, Qwen3_5ForConditionalGeneration,
+                              Qwen3_5TextConfig)
+
+    torch.manual_seed(seed)
+    text = hybrid_text_config(**overrides)
+    if layout == "multimodal":
+        vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
+                      num_position_embeddings=16)
+        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision,
+                                                              tie_word_embeddings=False))
+    else:
+        model = AutoModelForCausalLM.from_config(Qwen3_5TextConfig(**text), attn_implementation="eager")
+    with torch.no_grad():  # larger weights than the default init; norms and gates off their neutral values
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+            elif "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    model.eval().save_pretrained(path)
+    return model
+
+
+@torch.no_grad()
+def hf_generate(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' own greedy generate (its cached path: chunked prefill, recurrent decode)."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()

@@ -13,7 +13,15 @@ from typing import Any
 
 from .errors import DFlashError
 
-SUPPORTED_TARGETS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+SUPPORTED_TARGETS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                     "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM",
+                     "qwen3_next": "Qwen3NextForCausalLM"}
+# Hybrid families: Gated DeltaNet layers beside gated full attention (transformers 5.23,
+# models/qwen3_next/modeling_qwen3_next.py and models/qwen3_5/modular_qwen3_5.py).
+HYBRID_TARGETS = ("qwen3_5", "qwen3_5_text", "qwen3_next")
+# Published multimodal checkpoints nest the language model's fields under `text_config`.
+MULTIMODAL_TARGETS = ("qwen3_5",)
+LAYER_KINDS = ("full_attention", "linear_attention")
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -133,10 +141,63 @@ class DecoderConfig:
 
 
 @dataclass(frozen=True)
+class GatedDeltaNetConfig:
+    """The shapes of a Gated DeltaNet (linear attention) layer: the `linear_*` config fields."""
+
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    fused_qkvz: bool = False  # Qwen3-Next: one in_proj_qkvz / in_proj_ba, grouped per key head
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:  # channels of the short convolution: q, k and v
+        return 2 * self.key_dim + self.value_dim
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], source: str, fused_qkvz: bool) -> GatedDeltaNetConfig:
+        f = _Fields(data, source)
+        cfg = cls(num_k_heads=f.get("linear_num_key_heads", int, positive=True),
+                  num_v_heads=f.get("linear_num_value_heads", int, positive=True),
+                  head_k_dim=f.get("linear_key_head_dim", int, positive=True),
+                  head_v_dim=f.get("linear_value_head_dim", int, positive=True),
+                  conv_kernel=f.get("linear_conv_kernel_dim", int, 4, positive=True), fused_qkvz=fused_qkvz)
+        if cfg.num_v_heads % cfg.num_k_heads:
+            raise DFlashError(f"{source}: linear_num_value_heads {cfg.num_v_heads} is not a multiple of "
+                              f"linear_num_key_heads {cfg.num_k_heads}")
+        return cfg
+
+
+@dataclass(frozen=True)
 class TargetConfig(DecoderConfig):
     model_type: str = "qwen3"
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = ()
+    layer_types: tuple[str, ...] = ()  # per layer: full_attention / linear_attention; empty = all full
+    partial_rotary_factor: float = 1.0  # RoPE turns the first head_dim * factor channels of q and k
+    attn_output_gate: bool = False  # q_proj also yields a per-channel sigmoid gate on the attention output
+    unit_offset_norms: bool = False  # RMSNorm scales by (1 + weight), in fp32 (Qwen3-Next / Qwen3.5)
+    linear_attention: GatedDeltaNetConfig | None = None
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def layer_kind(self, layer: int) -> str:
+        return self.layer_types[layer] if self.layer_types else "full_attention"
+
+    @property
+    def is_hybrid(self) -> bool:
+        return "linear_attention" in self.layer_types
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> TargetConfig:
@@ -149,15 +210,51 @@ class TargetConfig(DecoderConfig):
                 f"{source}: unknown architecture model_type={model_type!r} architectures={archs} "
                 f"(supported targets: {', '.join(SUPPORTED_TARGETS)})"
             )
-        if data.get("use_sliding_window"):
+        text = text_fields(data, source) if model_type in MULTIMODAL_TARGETS else data
+        if text.get("use_sliding_window"):
             raise DFlashError(f"{source}: sliding-window targets are not supported (use_sliding_window=true)")
-        f = _Fields(data, source)
+        f = _Fields(text, source)
         return cls(
-            **DecoderConfig.fields_from(data, source, qk_norm=model_type == "qwen3"),
+            **DecoderConfig.fields_from(text, source, qk_norm=model_type != "llama"),
             model_type=model_type,
-            tie_word_embeddings=f.get("tie_word_embeddings", bool, False),
-            eos_token_ids=_token_ids(data.get("eos_token_id"), source, "eos_token_id"),
+            tie_word_embeddings=_Fields(data, source).get("tie_word_embeddings", bool, False),
+            eos_token_ids=_token_ids(text.get("eos_token_id"), source, "eos_token_id"),
+            **(hybrid_fields(text, source, model_type) if model_type in HYBRID_TARGETS else {}),
         )
+
+
+def text_fields(data: dict[str, Any], source: str) -> dict[str, Any]:
+    """The language model's fields of a multimodal checkpoint (`text_config`), top-level EOS as fallback."""
+    text = data.get("text_config")
+    if not isinstance(text, dict):
+        raise DFlashError(f"{source}: model_type {data.get('model_type')!r} needs a 'text_config' object, got {text!r}")
+    return {"eos_token_id": data.get("eos_token_id"), **{k: v for k, v in text.items() if v is not None}}
+
+
+def hybrid_fields(data: dict[str, Any], source: str, model_type: str) -> dict[str, Any]:
+    """Layer kinds, partial RoPE and the Gated DeltaNet shapes, with transformers' defaults
+    (5.23 `Qwen3NextConfig.__post_init__`: partial_rotary_factor 0.25, every 4th layer full attention)."""
+    f = _Fields(data, source)
+    layers = f.get("num_hidden_layers", int, positive=True)
+    kinds = data.get("layer_types")
+    if kinds is None:
+        interval = f.get("full_attention_interval", int, 4, positive=True)
+        kinds = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= set(LAYER_KINDS):
+        raise DFlashError(f"{source}: field 'layer_types' must list {layers} of {'/'.join(LAYER_KINDS)}, got {kinds!r}")
+    rope = {**data, **(data.get("rope_scaling") or {}), **(data.get("rope_parameters") or {})}
+    factor = _Fields(rope, source).get("partial_rotary_factor", float, 0.25, positive=True)
+    if factor > 1:
+        raise DFlashError(f"{source}: partial_rotary_factor must be in (0, 1], got {factor}")
+    head_dim = f.get("head_dim", int, f.get("hidden_size", int) // f.get("num_attention_heads", int))
+    if int(head_dim * factor) % 2:
+        raise DFlashError(f"{source}: head_dim {head_dim} x partial_rotary_factor {factor} must be even")
+    if model_type == "qwen3_next" and f.get("num_experts", int, 512) > 0 and \
+            len(data.get("mlp_only_layers") or []) < layers:
+        raise DFlashError(f"{source}: qwen3_next mixture-of-experts layers are not supported yet "
+                          "(only its dense variant: num_experts 0 or every layer in mlp_only_layers)")
+    return dict(layer_types=tuple(kinds), partial_rotary_factor=factor, attn_output_gate=True, unit_offset_norms=True,
+                linear_attention=GatedDeltaNetConfig.from_dict(data, source, fused_qkvz=model_type == "qwen3_next"))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,8 @@ def capture_features(target: TargetModel, sequences: torch.Tensor, layer_ids: tu
     n, s = sequences.shape
     cache = target.new_cache(n, s)
     positions = torch.arange(s).expand(n, -1)
-    _, features = target(TargetStep(sequences, positions, torch.arange(n), cache, layer_ids))
+    _, features = target(TargetStep(sequences, positions, torch.arange(n), cache, layer_ids,
+                                    commit=torch.full((n,), s)))
     return features
 
 

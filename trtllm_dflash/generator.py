@@ -76,7 +76,7 @@ class Generator:
 
     def allocate(self, num_slots: int, capacity: int, block: int) -> None:
         """Caches for `num_slots` sequences of up to `capacity` positions (prompt + output + block)."""
-        self.cache = self.target.new_cache(num_slots, capacity)
+        self.cache = self.target.new_cache(num_slots, capacity, block)
         self.proposer.allocate(num_slots, capacity)
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         self.slots, self.block, self.capacity = Slots(zeros, zeros.clone()), block, capacity
@@ -122,9 +122,10 @@ class Generator:
         # Right padding: a padded row writes junk K/V past its prompt, beyond its valid length.
         positions = torch.arange(longest, device=self.device).expand(n, -1)
         slots = torch.tensor([s.slot for s in sequences], device=self.device)
-        hidden, features = self.target(TargetStep(ids.to(self.device), positions, slots, self.cache,
-                                                  self.proposer.capture_layer_ids))
         lengths = torch.tensor([len(s.request.prompt_ids) for s in sequences], device=self.device)
+        self.target.reset(self.cache, slots)
+        hidden, features = self.target(TargetStep(ids.to(self.device), positions, slots, self.cache,
+                                                  self.proposer.capture_layer_ids, commit=lengths))
         last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
         first = self.first_tokens(self.target.logits(last[:, None]), self.sampling(sequences))
         self.proposer.commit(slots, features, positions)
@@ -156,8 +157,13 @@ class Generator:
         drafts, draft_probs = self.proposer.propose(slots, anchors, starts, self.block, sampling)
         tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, K]
         positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
-        hidden, features = self.target(TargetStep(tokens, positions, slots, self.cache, self.proposer.capture_layer_ids))
+        # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
+        commit = torch.ones_like(starts) if tokens.shape[1] == 1 else None
+        hidden, features = self.target(TargetStep(tokens, positions, slots, self.cache, self.proposer.capture_layer_ids,
+                                                  commit))
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), sampling)
+        if commit is None:
+            self.target.commit(self.cache, slots, num_accepted + 1, tokens.shape[1])
         self.proposer.commit(slots, features, positions)
         self.slots.starts[slots] = starts + num_accepted + 1
         self.slots.anchors[slots] = bonus

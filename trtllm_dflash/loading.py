@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from .checkpoint import load_tokenizer, load_tensors, resolve_model_dir, stop_token_ids
-from .config import DrafterConfig, TargetConfig, read_config_json
+from .config import HYBRID_TARGETS, DrafterConfig, TargetConfig, read_config_json
 from .errors import DFlashError
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
@@ -59,11 +59,52 @@ def tied_weights(cfg) -> set[str]:
     return {"lm_head.weight"} if getattr(cfg, "tie_word_embeddings", False) else set()
 
 
+# Published Qwen3.5 checkpoints keep the language model under `model.language_model.` beside a vision
+# tower and multi-token-prediction weights (transformers 5.23 conversion_mapping.py: qwen3_5_text
+# drops the `language_model` prefix; Qwen3_5ForCausalLM ignores `mtp.*` and `model.visual.*`).
+LANGUAGE_MODEL = "model.language_model."
+NOT_THE_LANGUAGE_MODEL = ("model.visual.", "mtp.")
+
+
+def target_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors under the target model's names: tied LM head dropped, a multimodal
+    checkpoint's language model taken alone, Qwen3-Next's fused projections in Qwen3.5's layout."""
+    skip = tied_weights(cfg)
+    if cfg.model_type in HYBRID_TARGETS:
+        tensors = {"model." + k[len(LANGUAGE_MODEL):] if k.startswith(LANGUAGE_MODEL) else k: v
+                   for k, v in tensors.items() if not k.startswith(NOT_THE_LANGUAGE_MODEL)}
+    if cfg.linear_attention is not None and cfg.linear_attention.fused_qkvz:
+        tensors = unfuse_qkvz(cfg, tensors)
+    return {k: v for k, v in tensors.items() if k not in skip}
+
+
+def unfuse_qkvz(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Qwen3-Next's in_proj_qkvz / in_proj_ba hold, per key head g, [q_g | k_g | v_g | z_g] and [b_g | a_g]
+    (r = H_v / H_k value heads per group; transformers 5.23 `Qwen3NextGatedDeltaNet.fix_query_key_value_ordering`);
+    -> Qwen3.5's in_proj_qkv (all q, all k, all v heads), in_proj_z, in_proj_b, in_proj_a."""
+    lin = cfg.linear_attention
+    r = lin.num_v_heads // lin.num_k_heads
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith(".in_proj_qkvz.weight"):
+            group = t.view(lin.num_k_heads, -1, t.shape[-1])  # [H_k, 2 D_k + 2 r D_v, hidden]
+            q, k, v, z = group.split([lin.head_k_dim, lin.head_k_dim, r * lin.head_v_dim, r * lin.head_v_dim], dim=1)
+            prefix = name[: -len("in_proj_qkvz.weight")]
+            out[prefix + "in_proj_qkv.weight"] = torch.cat([x.reshape(-1, t.shape[-1]) for x in (q, k, v)])
+            out[prefix + "in_proj_z.weight"] = z.reshape(-1, t.shape[-1])
+        elif name.endswith(".in_proj_ba.weight"):
+            b, a = t.view(lin.num_k_heads, 2 * r, t.shape[-1]).split([r, r], dim=1)
+            prefix = name[: -len("in_proj_ba.weight")]
+            out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = (x.reshape(-1, t.shape[-1]) for x in (b, a))
+        else:
+            out[name] = t
+    return out
+
+
 def target_from_tensors(cfg: TargetConfig, tensors: dict, path: Path, tp: Parallel, dtype, device) -> TargetModel:
     """A target (or one rank's shard of it) from checked tensors; tied embeddings re-tied."""
     skip = tied_weights(cfg)
-    for name in skip:
-        tensors.pop(name, None)
+    tensors = target_tensors(cfg, tensors)
     with torch.device("meta"):
         model = TargetModel(cfg, tp)
     assign_weights(model, tensors, path, skip=skip)

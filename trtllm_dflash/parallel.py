@@ -77,3 +77,10 @@ def check_divisible(name: str, num_heads: int, num_kv_heads: int, intermediate: 
                           "one must divide the other")
     if intermediate % world:
         raise DFlashError(f"tensor-parallel size {world} does not divide the {name}'s intermediate_size {intermediate}")
+
+
+def check_linear_heads(num_k_heads: int, num_v_heads: int, world: int) -> None:
+    """Gated DeltaNet heads (and their recurrent state) are split over ranks, never replicated."""
+    for field, heads in (("linear_num_key_heads", num_k_heads), ("linear_num_value_heads", num_v_heads)):
+        if heads % world:
+            raise DFlashError(f"tensor-parallel size {world} does not divide the target's {field} {heads}")

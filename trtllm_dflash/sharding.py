@@ -11,19 +11,28 @@ import torch
 from .config import DecoderConfig
 from .parallel import HeadSplit, padded_vocab
 
-COLUMN = ("q_proj", "gate_proj", "up_proj")  # split output rows
+COLUMN = ("q_proj", "gate_proj", "up_proj", "in_proj_z", "in_proj_b", "in_proj_a")  # split output rows
 KV = ("k_proj", "v_proj")  # split (or replicate) by KV head
-ROW = ("o_proj", "down_proj")  # split input columns; bias on rank 0
+ROW = ("o_proj", "down_proj", "out_proj")  # split input columns; bias on rank 0
+QKV = ("in_proj_qkv", "conv1d")  # Gated DeltaNet q | k | v rows: each part split by head
+PER_HEAD = (".linear_attn.A_log", ".linear_attn.dt_bias")  # one value per value head: split
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
 def _kind(name: str) -> str:
     if name in VOCAB:
         return "vocab"
-    for group, kinds in (("column", COLUMN), ("kv", KV), ("row", ROW)):
+    if name.endswith(PER_HEAD):
+        return "column"
+    for group, kinds in (("column", COLUMN), ("kv", KV), ("row", ROW), ("qkv", QKV)):
         if any(f".{k}." in name for k in kinds):
             return group
     return "replicated"  # norms, fc, hidden_norm
+
+
+def _qkv_parts(cfg: DecoderConfig) -> list[int]:
+    lin = cfg.linear_attention
+    return [lin.key_dim, lin.key_dim, lin.value_dim]
 
 
 def shard_tensor(name: str, t: torch.Tensor, cfg: DecoderConfig, rank: int, world: int) -> torch.Tensor:
@@ -35,6 +44,8 @@ def shard_tensor(name: str, t: torch.Tensor, cfg: DecoderConfig, rank: int, worl
         return padded.chunk(world, dim=0)[rank].clone()
     if kind == "column":
         return t.chunk(world, dim=0)[rank].clone()
+    if kind == "qkv":
+        return torch.cat([part.chunk(world, dim=0)[rank] for part in t.split(_qkv_parts(cfg))])
     if kind == "kv":
         heads = split.kv_heads_of(rank)
         d = cfg.head_dim
@@ -64,6 +75,9 @@ def unshard_state(shards: list[dict[str, torch.Tensor]], cfg: DecoderConfig, voc
             full[name] = torch.cat(parts)[:vocab_size]
         elif kind == "column":
             full[name] = torch.cat(parts)
+        elif kind == "qkv":
+            local = [n // world for n in _qkv_parts(cfg)]
+            full[name] = torch.cat([torch.cat([p.split(local)[i] for p in parts]) for i in range(3)])
         elif kind == "kv":
             first_rank = {split.kv_heads_of(r).start: r for r in reversed(range(world))}  # one copy per head
             full[name] = torch.cat([parts[first_rank[h]] for h in sorted(first_rank)])

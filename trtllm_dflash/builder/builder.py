@@ -13,7 +13,7 @@ from ..checkpoint import resolve_model_dir, weight_files
 from ..config import DrafterConfig, TargetConfig, read_config_json
 from ..errors import DFlashError
 from ..pairing import check_block_size, validate_pair
-from ..parallel import check_divisible
+from ..parallel import check_divisible, check_linear_heads
 from .manifest import Manifest, sha256_json
 from .spec import BuildSpec
 
@@ -50,6 +50,8 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
             raise DFlashError(f"max_seq_len {max_seq_len} exceeds the {name}'s max_position_embeddings {limit}")
     for name, cfg in (("target", target), ("drafter", drafter)):
         check_divisible(name, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, spec.tp)
+    if target.linear_attention is not None:
+        check_linear_heads(target.linear_attention.num_k_heads, target.linear_attention.num_v_heads, spec.tp)
     if not any((target_dir / f).is_file() for f in TOKENIZER_FILES):
         raise DFlashError(f"the target in {target_dir} has no tokenizer (expected one of tokenizer.json, "
                           "tokenizer_config.json, tokenizer.model)")
@@ -101,8 +103,10 @@ def manifest_for(plan: BuildPlan, command: str, details: dict) -> Manifest:
 
 
 def identity(source: str, config: dict) -> dict:
-    keys = ("model_type", "architectures", "num_hidden_layers", "hidden_size", "vocab_size")
-    return {"source": source, "config_sha256": sha256_json(config), **{k: config.get(k) for k in keys}}
+    shape = config.get("text_config") or config  # a multimodal checkpoint's language model
+    return {"source": source, "config_sha256": sha256_json(config), "model_type": config.get("model_type"),
+            "architectures": config.get("architectures"),
+            **{k: shape.get(k) for k in ("num_hidden_layers", "hidden_size", "vocab_size")}}
 
 
 def prepare_parent(out: Path) -> Path:

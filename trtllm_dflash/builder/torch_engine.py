@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..checkpoint import load_tensors
-from ..loading import DTYPES, check_weights, tied_weights
+from ..loading import DTYPES, check_weights, target_tensors, tied_weights
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sharding import shard_state
@@ -26,6 +26,8 @@ def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
     for role, src, cfg, cls in roles:
         state = load_tensors(src)
         skip = tied_weights(cfg)
+        if role == "target":
+            state = target_tensors(cfg, state)
         for name in skip:
             state.pop(name, None)
         with torch.device("meta"):

@@ -13,15 +13,19 @@ from ..parallel import SINGLE, HeadSplit, Parallel, padded_vocab
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """unit_offset: the weight is stored as an offset from 1 and applied in fp32 before the cast back
+    (Qwen3-Next / Qwen3.5 `Qwen3NextRMSNorm`); otherwise cast back, then weight (Llama / Qwen3)."""
+
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.eps, self.unit_offset = eps, unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32, cast back before the weight (the Hugging Face order).
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        if self.unit_offset:
+            return (h * (1.0 + self.weight.float())).to(x.dtype)
         return self.weight * h.to(x.dtype)
 
 
@@ -91,7 +95,8 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class Rotary:
-    """cos/sin tables for arbitrary absolute positions; not a module, so meta-device init is safe."""
+    """cos/sin tables for arbitrary absolute positions; not a module, so meta-device init is safe.
+    head_dim is the rotated width (smaller than the head for partial RoPE)."""
 
     def __init__(self, rope: RopeConfig, head_dim: int):
         self.inv_freq = rope_inv_freq(rope, head_dim)
@@ -105,14 +110,20 @@ class Rotary:
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, H, T, D]
+    # x: [B, H, T, D]; cos, sin: [..., R] with R <= D: partial RoPE turns the first R channels only
+    if cos.shape[-1] < x.shape[-1]:
+        r = cos.shape[-1]
+        return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 
 
 class AttentionProjections(nn.Module):
-    """q/k/v/o projections and the optional per-head q/k RMSNorm, named as in the checkpoints."""
+    """q/k/v/o projections and the optional per-head q/k RMSNorm, named as in the checkpoints.
+
+    With an output gate (Qwen3-Next / Qwen3.5), q_proj yields per head [q (D) | gate (D)] and the
+    attention output is multiplied by sigmoid(gate) before o_proj."""
 
     def __init__(self, cfg: DecoderConfig, tp: Parallel = SINGLE):
         super().__init__()
@@ -120,14 +131,16 @@ class AttentionProjections(nn.Module):
         split = HeadSplit(cfg.num_attention_heads, cfg.num_key_value_heads, tp.world)
         # head counts of this rank (all heads when tp.world == 1)
         self.num_heads, self.num_kv_heads, self.head_dim = split.local_heads, split.local_kv_heads, d
-        self.q_proj = nn.Linear(h, self.num_heads * d, bias=cfg.attention_bias)
+        self.output_gate = getattr(cfg, "attn_output_gate", False)
+        self.q_proj = nn.Linear(h, self.num_heads * d * (2 if self.output_gate else 1), bias=cfg.attention_bias)
         self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=cfg.attention_bias)
         self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(self.num_heads * d, h, bias=cfg.attention_bias)  # row-parallel
         self.tp = tp
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(d, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(d, cfg.rms_norm_eps)
+            offset = getattr(cfg, "unit_offset_norms", False)
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, offset)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, offset)
         else:
             self.q_norm = self.k_norm = None
 
@@ -141,13 +154,24 @@ class AttentionProjections(nn.Module):
     def query(self, x: torch.Tensor) -> torch.Tensor:
         return self.heads(x, self.q_proj, self.q_norm)
 
+    def gated_query(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # x: [B, T, hidden] -> q [B, H, T, D], gate [B, T, H * D]
+        q, gate = self.q_proj(x).view(*x.shape[:-1], -1, 2 * self.head_dim).chunk(2, dim=-1)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        return q.transpose(1, 2), gate.flatten(-2)
+
     def key(self, x: torch.Tensor) -> torch.Tensor:
         return self.heads(x, self.k_proj, self.k_norm)
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
         return self.heads(x, self.v_proj, None)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        # q: [B, H, T, D]; k, v: [B, H_kv, S, D]; mask: [B, 1, T, S] bool (True = visible)
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+               gate: torch.Tensor | None = None) -> torch.Tensor:
+        # q: [B, H, T, D]; k, v: [B, H_kv, S, D]; mask: [B, 1, T, S] bool (True = visible); gate: [B, T, H * D]
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
-        return self.tp.all_reduce(self.o_proj(out.transpose(1, 2).reshape(*q.shape[:1], q.shape[2], -1)))
+        out = out.transpose(1, 2).reshape(*q.shape[:1], q.shape[2], -1)
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.tp.all_reduce(self.o_proj(out))

@@ -1,0 +1,241 @@
+"""Qwen3.5 hybrid targets (Gated DeltaNet + gated attention) against transformers, and the
+speculative rollback of their recurrent state."""
+
+import json
+
+import pytest
+import torch
+
+from safetensors.torch import load_file
+
+from tiny_models import VOCAB, add_tokenizer, hf_generate, make_hf_hybrid, write_drafter
+from trtllm_dflash.builder.builder import build_engine
+from trtllm_dflash.builder.spec import BuildSpec
+from trtllm_dflash.config import TargetConfig
+from trtllm_dflash.engine import generate_with_engine
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.generator import Generator
+from trtllm_dflash.loading import load_target
+from trtllm_dflash.models.target import TargetStep
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+from trtllm_dflash.speculative.base import Proposer
+
+ATOL = 2e-5
+PROMPTS = [list(range(3, 15)), [7, 50, 2, 9, 33], list(range(60, 90))]
+NEW = 48
+
+
+@pytest.fixture(scope="module", params=["text", "multimodal"])
+def hybrid(request, tmp_path_factory):
+    """(transformers model, its directory, its greedy continuations of PROMPTS) for both published layouts."""
+    path = tmp_path_factory.mktemp("hybrid") / request.param
+    hf = make_hf_hybrid(path, request.param, seed=4)
+    add_tokenizer(path)
+    return hf, path, [hf_generate(hf, p, NEW) for p in PROMPTS]
+
+
+text_only = pytest.mark.parametrize("hybrid", ["text"], indirect=True)
+
+
+def run(model, cache, ids, starts, slots, commit, capture=()):
+    positions = starts[:, None] + torch.arange(ids.shape[1])
+    hidden, feats = model(TargetStep(ids, positions, slots, cache, capture, commit))
+    return model.logits(hidden), feats
+
+
+def test_both_layouts_parse_to_one_language_model(hybrid):
+    _, path, _ = hybrid
+    data = json.loads((path / "config.json").read_text())
+    cfg = TargetConfig.from_dict(data, "c")
+    assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",)
+    assert cfg.rotary_dim == 4 and cfg.attn_output_gate and cfg.unit_offset_norms
+    lin = cfg.linear_attention
+    assert (lin.num_k_heads, lin.num_v_heads, lin.head_k_dim, lin.conv_dim) == (2, 4, 8, 64)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size) == (32, 4, VOCAB)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda t: t.update(layer_types=["linear_attention"] * 3), "field 'layer_types' must list 4 of"),
+    (lambda t: t.update(linear_num_value_heads=3), "linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2"),
+    (lambda t: t.pop("linear_key_head_dim"), "missing required field 'linear_key_head_dim'"),
+])
+def test_bad_hybrid_configs_name_the_field(mutate, message):
+    from tiny_models import hybrid_text_config
+
+    text = hybrid_text_config(layer_types=["linear_attention"] * 3 + ["full_attention"])
+    mutate(text)
+    with pytest.raises(DFlashError, match=message):
+        TargetConfig.from_dict({"model_type": "qwen3_5_text", **text}, "cfg")
+    with pytest.raises(DFlashError, match="needs a 'text_config' object"):
+        TargetConfig.from_dict({"model_type": "qwen3_5"}, "cfg")
+
+
+def test_logits_and_hidden_states_match_transformers(hybrid):
+    """A right-padded batch (rows of different lengths) through every layer kind, float32."""
+    hf, path, _ = hybrid
+    target = load_target(path).model
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, VOCAB, (2, 30), generator=g)
+    lengths = torch.tensor([30, 17])
+    cache = target.new_cache(2, 40, 8)
+    logits, feats = run(target, cache, ids, torch.zeros(2, dtype=torch.long), torch.tensor([1, 0]), lengths, (0, 1, 3))
+    for row, n in enumerate(lengths.tolist()):
+        with torch.no_grad():
+            ref = hf(ids[row : row + 1, :n], output_hidden_states=True)
+        torch.testing.assert_close(logits[row, :n], ref.logits[0], atol=ATOL, rtol=0)
+        expected = torch.cat([ref.hidden_states[i + 1][0] for i in (0, 1, 3)], dim=-1)
+        torch.testing.assert_close(feats[row, :n], expected, atol=ATOL, rtol=0)
+
+
+@text_only
+def test_rollback_keeps_exactly_the_accepted_tokens(hybrid):
+    """Verify K tokens, accept a different j < K per row: the state equals feeding only the accepted
+    tokens, and the next pass's logits equal transformers' on the accepted sequence."""
+    hf, path, _ = hybrid
+    target = load_target(path).model
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, VOCAB, (3, 10), generator=g)
+    block = torch.randint(0, VOCAB, (3, 8), generator=g)
+    slots, zero, ten = torch.tensor([2, 0, 1]), torch.zeros(3, dtype=torch.long), torch.full((3,), 10)
+    spec = target.new_cache(3, 40, 8)
+    run(target, spec, prompt, zero, slots, torch.full((3,), 10))
+    before = spec.state.ssm.clone(), spec.state.conv.clone()
+    run(target, spec, block, ten, slots, None)  # verify: deferred
+    assert torch.equal(spec.state.ssm, before[0]) and torch.equal(spec.state.conv, before[1])
+    kept = torch.tensor([3, 1, 8])  # accepted + 1 per row: some drafts, the anchor alone, the whole block
+    target.commit(spec, slots, kept, 8)
+    for row, n in enumerate(kept.tolist()):
+        fresh = target.new_cache(1, 40, 8)
+        seq = torch.cat([prompt[row], block[row, :n]])[None]
+        run(target, fresh, seq, zero[:1], torch.tensor([0]), torch.tensor([10 + n]))
+        torch.testing.assert_close(spec.state.ssm[:, slots[row]], fresh.state.ssm[:, 0], atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(spec.state.conv[:, slots[row]], fresh.state.conv[:, 0], atol=1e-5, rtol=1e-4)
+    nxt = torch.randint(0, VOCAB, (3, 4), generator=g)
+    logits, _ = run(target, spec, nxt, ten + kept, slots, None)
+    for row, n in enumerate(kept.tolist()):
+        seq = torch.cat([prompt[row], block[row, :n], nxt[row]])[None]
+        with torch.no_grad():
+            ref = hf(seq).logits[0, -4:]
+        torch.testing.assert_close(logits[row], ref, atol=ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("drafted", [False, True])
+def test_greedy_equals_transformers_generate(hybrid, tmp_path, drafted):
+    _, path, expected = hybrid
+    drafter = write_drafter(tmp_path / "drafter", seed=2) if drafted else None
+    results = load_pipeline(path, drafter).generator.generate([Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == expected
+
+
+class ScriptedProposer(Proposer):
+    """Drafts the target's own greedy continuation, wrong from a per-row, per-step offset on, so the
+    target accepts exactly what the script says (any acceptance pattern, no trained drafter needed)."""
+
+    max_block_size = 6
+
+    def __init__(self, sequences: list[list[int]]):
+        self.sequences, self.calls = sequences, 0  # slot s decodes sequences[s] (prompt + continuation)
+
+    def allocate(self, num_slots, capacity):
+        pass
+
+    def commit(self, slots, features, positions):
+        pass
+
+    def propose(self, slots, anchors, starts, block_size, sampling):
+        drafts = []
+        for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist())):
+            truth = self.sequences[slot][start + 1 : start + block_size] + [0] * block_size
+            right = (self.calls + 2 * row) % block_size  # 0..block_size-1 correct drafts
+            drafts.append([t if k < right else (t + 1) % VOCAB for k, t in enumerate(truth[: block_size - 1])])
+        self.calls += 1
+        return torch.tensor(drafts), None
+
+
+@text_only
+def test_batch_with_different_acceptance_in_one_step_stays_exact(hybrid):
+    _, path, expected = hybrid
+    proposer = ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)])
+    results = Generator(load_target(path).model, proposer).generate(
+        [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == expected
+    steps = list(zip(*(r.acceptance_lengths for r in results)))
+    assert any(len(set(step)) == 3 for step in steps)  # three different acceptances in one step
+    assert max(max(s) for s in steps) == 6 and min(min(s) for s in steps) == 1
+
+
+@pytest.mark.parametrize("hybrid", ["multimodal"], indirect=True)
+def test_tp2_engine_from_the_multimodal_checkpoint_is_exact(hybrid, tmp_path):
+    """dflash-build torch engines at TP=1 and TP=2 (Gated DeltaNet heads and their state split over
+    ranks): the language model alone, shards reassembling to its tensors, greedy output as transformers."""
+    from trtllm_dflash.sharding import unshard_state
+
+    hf, path, expected = hybrid
+    drafter = write_drafter(tmp_path / "drafter", seed=2)
+    requests = [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS[:2]]
+    for tp in (1, 2):
+        engine = build_engine(BuildSpec(target=str(path), drafter=str(drafter), output=str(tmp_path / f"tp{tp}"),
+                                        tp=tp, dtype="float32"), "test")
+        assert [r.output_ids for r in generate_with_engine(engine, requests)] == expected[:2]
+    cfg = TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c")
+    shards = [load_file(str(tmp_path / "tp2" / "target" / f"rank{r}.safetensors")) for r in range(2)]
+    assert shards[0]["model.layers.0.linear_attn.in_proj_qkv.weight"].shape[0] == 32  # half of q|k|v
+    full = unshard_state(shards, cfg, cfg.vocab_size)
+    original = {k.replace("model.language_model.", "model."): v for k, v in load_file(str(path / "model.safetensors")).items()
+                if not k.startswith("model.visual.")}
+    assert full.keys() == original.keys()
+    for name, tensor in original.items():
+        assert torch.equal(full[name], tensor), name
+
+
+def test_sampled_output_follows_the_hybrid_targets_distribution(tmp_path):
+    """Speculative sampling over a hybrid target (rollback at every rejection) is lossless:
+    4000 seeded requests against the exact distribution enumerated with transformers."""
+    from test_sampling import N_NEW, PROMPT, SAMPLES, V, chi_square_rejects, exact_distribution, sample
+    from tiny_models import drafter_config
+    from trtllm_dflash.sampling import SamplingParams
+
+    hf = make_hf_hybrid(tmp_path / "target", "text", seed=7, vocab_size=V, eos_token_id=None)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(0.4)  # soften the logits: every token has real probability mass
+    hf.save_pretrained(tmp_path / "target")
+    write_drafter(tmp_path / "drafter", drafter_config(block_size=4, mask_token_id=V - 1, vocab_size=V), seed=8)
+    params = SamplingParams(1.0)
+    counts, results = sample(load_pipeline(tmp_path / "target", tmp_path / "drafter").generator, params)
+    drafted, accepted = sum(r.drafted_tokens for r in results), sum(r.accepted_tokens for r in results)
+    assert 0.1 * drafted < accepted < 0.9 * drafted and len(results) == SAMPLES
+    assert all(len(r.output_ids) == N_NEW for r in results) and len(PROMPT) == 5
+    rejects, stat, critical = chi_square_rejects(counts, exact_distribution(hf, params), SAMPLES)
+    assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}"
+
+
+def test_qwen3_next_dense_variant(tmp_path):
+    """Qwen3-Next: the same layers behind fused in_proj_qkvz / in_proj_ba (regrouped at load) and plain
+    RoPE; its mixture-of-experts variant is refused with a clear message until MoE layers exist."""
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+
+    from tiny_models import hybrid_text_config
+
+    torch.manual_seed(6)
+    hf = AutoModelForCausalLM.from_config(Qwen3NextConfig(**hybrid_text_config(), num_experts=0),
+                                          attn_implementation="eager").eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if p.dim() == 2:
+                p.normal_(0, 0.2)
+            elif "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    hf.save_pretrained(tmp_path / "next")
+    target = load_target(tmp_path / "next").model
+    ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
+    logits, _ = run(target, target.new_cache(1, 32), ids, torch.zeros(1, dtype=torch.long), torch.tensor([0]),
+                    torch.tensor([24]))
+    with torch.no_grad():
+        torch.testing.assert_close(logits, hf(ids).logits, atol=1e-4, rtol=0)
+    drafter = write_drafter(tmp_path / "drafter", seed=2)
+    result = load_pipeline(tmp_path / "next", drafter).generator.generate([Request(tuple(PROMPTS[0]), NEW, ignore_eos=True)])
+    assert result[0].output_ids == hf_generate(hf, PROMPTS[0], NEW)
+    moe = json.loads((tmp_path / "next" / "config.json").read_text()) | {"num_experts": 8}
+    with pytest.raises(DFlashError, match="qwen3_next mixture-of-experts layers are not supported yet"):
+        TargetConfig.from_dict(moe, "cfg")
