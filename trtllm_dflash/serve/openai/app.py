@@ -64,7 +64,6 @@ def create_app(frontend: Frontend) -> FastAPI:
             await frontend.backend.close()
 
     app = FastAPI(title="trtllm-dflash OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
-    app.state.frontend = frontend
     install_error_handlers(app)
     add_routes(app, frontend)
     return app
