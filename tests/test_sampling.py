@@ -27,7 +27,7 @@ def small_vocab_pair(tmp_path_factory):
     return hf, root / "target", root / "drafter"
 
 
-def exact_distribution(hf, params: SamplingParams) -> dict[tuple, float]:
+def exact_distribution(hf, params: SamplingParams, n_new: int = N_NEW) -> dict[tuple, float]:
     """P(x1..xn | prompt) by enumeration, with transformers' own logits warpers."""
     from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
                                                         TopKLogitsWarper, TopPLogitsWarper)
@@ -39,9 +39,9 @@ def exact_distribution(hf, params: SamplingParams) -> dict[tuple, float]:
         warp.append(TopPLogitsWarper(params.top_p))
     probs: dict[tuple, float] = {}
     with torch.no_grad():
-        for seq in itertools.product(range(V), repeat=N_NEW):
+        for seq in itertools.product(range(V), repeat=n_new):
             p = 1.0
-            for i in range(N_NEW):
+            for i in range(n_new):
                 ids = torch.tensor([PROMPT + seq[:i]])
                 p *= float(torch.softmax(warp(ids, hf(ids).logits[:, -1]), -1)[0, seq[i]])
             probs[seq] = p
@@ -65,9 +65,9 @@ def chi_square_rejects(counts: dict[tuple, int], probs: dict[tuple, float], n: i
     return stat > critical, stat, critical
 
 
-def sample(gen, params: SamplingParams):
-    requests = [Request(PROMPT, N_NEW, SamplingParams(params.temperature, params.top_p, params.top_k, seed),
-                        ignore_eos=True) for seed in range(SAMPLES)]
+def sample(gen, params: SamplingParams, n_new: int = N_NEW, samples: int = SAMPLES):
+    requests = [Request(PROMPT, n_new, SamplingParams(params.temperature, params.top_p, params.top_k, seed),
+                        ignore_eos=True) for seed in range(samples)]
     results = gen.generate(requests)
     counts: dict[tuple, int] = {}
     for r in results:

@@ -95,7 +95,8 @@ def unfuse_qkvz(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str
         elif name.endswith(".in_proj_ba.weight"):
             b, a = t.view(lin.num_k_heads, 2 * r, t.shape[-1]).split([r, r], dim=1)
             prefix = name[: -len("in_proj_ba.weight")]
-            out[prefix + "in_proj_b.weight"], out[prefix + "in_proj_a.weight"] = (x.reshape(-1, t.shape[-1]) for x in (b, a))
+            out[prefix + "in_proj_b.weight"] = b.reshape(-1, t.shape[-1])
+            out[prefix + "in_proj_a.weight"] = a.reshape(-1, t.shape[-1])
         else:
             out[name] = t
     return out

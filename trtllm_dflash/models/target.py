@@ -87,7 +87,8 @@ class TargetModel(nn.Module):
         self.model = nn.Module()
         self.model.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         kinds = [cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)]
-        self.model.layers = nn.ModuleList(TargetLayer(cfg, tp, kind, kinds[:i].count(kind)) for i, kind in enumerate(kinds))
+        self.model.layers = nn.ModuleList(TargetLayer(cfg, tp, kind, kinds[:i].count(kind))
+                                          for i, kind in enumerate(kinds))
         self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.unit_offset_norms)
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tp)
         self.rotary = Rotary(cfg.rope, cfg.rotary_dim)
@@ -131,7 +132,8 @@ class TargetModel(nn.Module):
         if not cfg.is_hybrid:
             return kv
         linear = len(self.model.layers) - len(attention)
-        state = RecurrentState(linear, num_slots, block, cfg.linear_attention, self.tp.world, weight.dtype, weight.device)
+        state = RecurrentState(linear, num_slots, block, cfg.linear_attention, self.tp.world, weight.dtype,
+                               weight.device)
         return HybridCache(kv, state)
 
     def reset(self, cache: KVCache | HybridCache, slots: torch.Tensor) -> None:
