@@ -106,6 +106,13 @@ def test_malformed_dataset_names_the_line(tokenizer, tmp_path, lines, needle):
         read_dataset(path, tokenizer)
 
 
+def test_dataset_not_utf8_names_the_line(tokenizer, tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    with pytest.raises(DFlashError, match=r"data.jsonl:2: not UTF-8 text \(byte 0xe9 at column 16\)"):
+        read_dataset(path, tokenizer)
+
+
 def test_chat_messages_need_a_chat_template(tmp_path):
     tok = resolve_tokenizer(str(byte_tokenizer(tmp_path / "t"))).tokenizer
     path = tmp_path / "chat.jsonl"

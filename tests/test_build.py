@@ -217,13 +217,79 @@ def test_unwritable_output(capsys, pairs, tmp_path):
 
 def test_existing_output_needs_force(capsys, pairs, tmp_path):
     target, drafter = pairs["qwen3"]
-    (tmp_path / "out").mkdir()
-    (tmp_path / "out" / "keep").write_text("x")
+    pair = ("--target", target, "--drafter", drafter)
+    assert build(*pair, "--output", tmp_path / "out") == 0
+    first = Manifest.read(tmp_path / "out").created_utc, (tmp_path / "out" / "manifest.json").stat().st_ino
     expect_error(capsys, f"output {tmp_path / 'out'} already exists (use --force to replace it)",
-                 "--target", target, "--drafter", drafter, "--output", tmp_path / "out")
-    assert (tmp_path / "out" / "keep").exists()
-    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "out", "--force") == 0
-    assert not (tmp_path / "out" / "keep").exists() and (tmp_path / "out" / "manifest.json").exists()
+                 *pair, "--output", tmp_path / "out")
+    assert (tmp_path / "out" / "manifest.json").stat().st_ino == first[1]
+    assert build(*pair, "--output", tmp_path / "out", "--force") == 0  # an engine is replaced
+    assert (tmp_path / "out" / "manifest.json").stat().st_ino != first[1]
+    (tmp_path / "empty").mkdir()
+    assert build(*pair, "--output", tmp_path / "empty", "--force") == 0  # so is an empty directory
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary sibling left
+
+
+def test_force_never_deletes_what_is_not_an_engine(capsys, pairs, tmp_path, monkeypatch):
+    target, drafter = pairs["qwen3"]
+    pair = ("--target", target, "--drafter", drafter, "--force")
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep.txt").write_text("user data")
+    expect_error(capsys, f"--force replaces only an engine directory (with manifest.json) or an empty one, and "
+                 f"{tmp_path / 'data'} is neither", *pair, "--output", tmp_path / "data")
+    monkeypatch.chdir(tmp_path / "data")
+    expect_error(capsys, "is neither", *pair, "--output", ".")
+    assert (tmp_path / "data" / "keep.txt").read_text() == "user data"
+    (tmp_path / "file").write_text("a file")
+    expect_error(capsys, f"output {tmp_path / 'file'} exists and is not a directory", *pair, "--output",
+                 tmp_path / "file")
+    (tmp_path / "link").symlink_to(tmp_path / "data")
+    expect_error(capsys, f"output {tmp_path / 'link'} is a symbolic link", *pair, "--output", tmp_path / "link")
+    assert (tmp_path / "file").read_text() == "a file" and (tmp_path / "data" / "keep.txt").exists()
+
+
+def test_engine_files_follow_the_umask(pairs, tmp_path):
+    import os
+    import stat
+
+    target, drafter = pairs["qwen3"]
+    old = os.umask(0o027)
+    try:
+        assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "out") == 0
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path): stat.S_IMODE(p.stat().st_mode) for p in [tmp_path / "out",
+                                                                              *(tmp_path / "out").rglob("*")]}
+    assert modes[Path("out")] == 0o750 and modes[Path("out/target/rank0.safetensors")] == 0o640
+    assert {m for p, m in modes.items() if (tmp_path / p).is_dir()} == {0o750}
+    assert {m for p, m in modes.items() if (tmp_path / p).is_file()} == {0o640}
+
+
+@pytest.mark.parametrize("text, needle", [
+    ('force: "no"\n', "build spec: 'force' must be true or false, got 'no'"),
+    ("force: 1\n", "build spec: 'force' must be true or false, got 1"),
+    ('tp: "2"\n', "build spec: 'tp' must be a positive integer, got '2'"),
+    ("max_seq_len: 1.5\n", "build spec: 'max_seq_len' must be a positive integer, got 1.5"),
+    ("backend: [torch]\n", "build spec: unknown backend ['torch']"),
+    ("calib: 7\nbackend: trtllm\nquant: fp8\n", "build spec: 'calib' must be a file path, got 7"),
+])
+def test_yaml_values_are_checked_like_flags(capsys, pairs, tmp_path, text, needle):
+    """A YAML `force: "no"` once counted as true and deleted the existing output."""
+    target, drafter = pairs["qwen3"]
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "out") == 0
+    before = (tmp_path / "out" / "manifest.json").stat().st_ino
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(f"target: {target}\ndrafter: {drafter}\noutput: {tmp_path / 'out'}\n{text}")
+    expect_error(capsys, needle, "--config", cfg)
+    assert (tmp_path / "out" / "manifest.json").stat().st_ino == before
+
+
+def test_yaml_builtin_pair_like_the_flags(tmp_path):
+    cfg = tmp_path / "b.yaml"
+    cfg.write_text(f"target: builtin\ndrafter: builtin\noutput: {tmp_path / 'out'}\nmax_seq_len: 256\n")
+    assert build("--config", cfg) == 0
+    m = Manifest.read(tmp_path / "out")
+    assert m.target["source"].endswith("pairs/stdlib/target") and m.drafter["source"].endswith("pairs/stdlib/drafter")
 
 
 @pytest.mark.parametrize("flags, needle", [
@@ -245,11 +311,21 @@ def test_bad_settings(capsys, pairs, tmp_path, flags, needle):
     ("target: a\ndrafter: b\noutput: c\nbackned: torch\n", "unknown key 'backned'"),
     ("target: [unclosed\n", "is not valid YAML at line"),
     ("- just\n- a list\n", "must hold a YAML mapping"),
+    (b"target: \xff\xfe\n", "is not valid YAML"),
 ])
 def test_bad_yaml(capsys, tmp_path, text, needle):
     cfg = tmp_path / "b.yaml"
-    cfg.write_text(text)
+    cfg.write_bytes(text if isinstance(text, bytes) else text.encode())
     expect_error(capsys, needle, "--config", cfg)
+
+
+def test_calibration_file_not_utf8(capsys, pairs, tmp_path):
+    target, drafter = pairs["qwen3"]
+    calib = tmp_path / "c.jsonl"
+    calib.write_bytes(b'{"prompt": "ok"}\n{"prompt": "caf\xe9"}\n')
+    expect_error(capsys, f"{calib}:2: not UTF-8 text (byte 0xe9 at column 16)", "--target", target,
+                 "--drafter", drafter, "--output", tmp_path / "o", "--backend", "trtllm", "--quant", "fp8",
+                 "--calib", calib)
 
 
 def test_target_without_tokenizer(capsys, workdir, random_drafter, tmp_path):
@@ -280,3 +356,70 @@ def test_interrupted_build_leaves_nothing(pairs, tmp_path, monkeypatch):
     monkeypatch.setattr(builder, "write_backend", interrupted)
     assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "out") == 130
     assert no_leftovers(tmp_path, "out")
+
+
+# ---- signals: a real dflash-build process stopped mid-build ----------------------------------------------
+
+SLOW_BUILD = """
+import sys, time
+from pathlib import Path
+from trtllm_dflash.builder import builder
+from trtllm_dflash.cli.build import main
+real = builder.write_backend
+def slow(plan, tmp):  # everything written, then wait for the signal
+    details = real(plan, tmp)
+    Path(sys.argv[1]).write_text(str(tmp))
+    time.sleep(120)
+    return details
+builder.write_backend = slow
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def start_slow_build(tmp_path, target, drafter, out):
+    import time
+
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_BUILD, str(ready), "--target", str(target), "--drafter",
+                             str(drafter), "--output", str(out)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not ready.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    assert any(Path(ready.read_text()).iterdir())  # mid-build: the temporary sibling holds the engine's files
+    return proc, Path(ready.read_text())
+
+
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGHUP"])
+def test_signal_mid_build_leaves_nothing(pairs, tmp_path, signum):
+    import signal
+
+    target, drafter = pairs["qwen3"]
+    proc, tmp = start_slow_build(tmp_path, target, drafter, tmp_path / "out")
+    proc.send_signal(getattr(signal, signum))
+    err = proc.stderr.read()
+    assert proc.wait(60) == 128 + getattr(signal, signum)
+    assert err.strip() == f"dflash-build: stopped by {signum}"
+    assert not tmp.exists() and no_leftovers(tmp_path, "out")
+
+
+def test_killed_build_is_swept_by_the_next(pairs, tmp_path):
+    """SIGKILL cannot be caught: the next build of the same output removes the dead build's sibling, and only
+    that (a live build's sibling stops it; a look-alike that is not ours is left alone)."""
+    import os
+    import signal
+
+    from trtllm_dflash.builder.output import start_time
+
+    target, drafter = pairs["qwen3"]
+    proc, tmp = start_slow_build(tmp_path, target, drafter, tmp_path / "out")
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(60)
+    assert tmp.is_dir()  # left behind
+    (tmp_path / ".out.building-notours").mkdir()
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "out") == 0
+    assert not tmp.exists() and (tmp_path / ".out.building-notours").is_dir()
+    live = tmp_path / f".out2.building-{os.getpid()}-{start_time(os.getpid())}-abc"
+    live.mkdir()
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "out2") == 2
+    assert live.is_dir() and not (tmp_path / "out2").exists()

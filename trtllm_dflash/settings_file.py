@@ -1,7 +1,9 @@
-"""Reading a YAML file of settings (a build config, a sweep preset): one mapping, keys as flag names."""
+"""Reading the files users hand the tools: YAML settings (a build config, a sweep preset: one mapping, keys as
+flag names) and UTF-8 line files (datasets, calibration prompts)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +35,15 @@ def read_settings(path: str, missing: str, name: str, kind: str) -> dict[str, An
     if not isinstance(data, dict):
         raise DFlashError(f"{name} must hold a YAML mapping of {kind}, got {type(data).__name__}")
     return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def utf8_lines(path: str | Path, name: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a UTF-8 text file (a dataset, prompts); a line that is not UTF-8 is one
+    error naming `name`, the line and the byte. OSError (a missing file) propagates to the caller."""
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                yield number, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DFlashError(f"{name}:{number}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column "
+                                  f"{exc.start + 1})") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DFlashError
+from ..settings_file import utf8_lines
 
 POOL_CANDIDATES = 32768  # vocabulary ids examined for the random-text pool (all of a small vocabulary)
 FIX_ROUNDS = 32  # decode/re-encode rounds allowed to land on an exact token length
@@ -93,10 +94,9 @@ def read_dataset(path: str | Path, tokenizer, flag: str = "--dataset") -> list[P
     "category". Errors name the file and the line; `flag` names the option the file came from."""
     prompts = []
     try:
-        with open(path, encoding="utf-8") as f:
-            for number, line in enumerate(f, 1):
-                if line.strip():
-                    prompts.append(parse_line(line, tokenizer, f"{path}:{number}", number))
+        for number, line in utf8_lines(path, str(path)):
+            if line.strip():
+                prompts.append(parse_line(line, tokenizer, f"{path}:{number}", number))
     except OSError as exc:
         raise DFlashError(f"cannot read {flag} {path}: {exc.strerror}") from None
     if not prompts:

@@ -15,6 +15,7 @@ from ..errors import DFlashError
 from ..pairing import check_block_size, validate_pair
 from ..parallel import check_divisible, check_linear_heads
 from .manifest import Manifest, sha256_json
+from .output import building, check_output, publish
 from .spec import BuildSpec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -61,23 +62,17 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
 
 
 def build_engine(spec: BuildSpec, command: str) -> Path:
-    """-> the engine directory. Nothing is left behind if any step fails or is interrupted."""
+    """-> the engine directory. Nothing is left behind if any step fails or is interrupted (Ctrl-C, SIGTERM,
+    SIGHUP); an existing output is replaced only with force, and only if it is an engine or empty."""
     plan = plan_build(spec)
     out = plan.final_dir
-    if out.exists() and not spec.force:
-        raise DFlashError(f"output {out} already exists (use --force to replace it)")
+    check_output(out, spec.force)
     parent = prepare_parent(out)
     check_free_space(parent, estimate_bytes(plan))
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-", dir=parent))
-    try:
+    with building(out) as tmp:
         details = write_backend(plan, tmp)
         manifest_for(plan, command, details).write(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        publish(tmp, out)
     return out
 
 

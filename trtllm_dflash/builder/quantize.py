@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..errors import DFlashError
+from ..settings_file import utf8_lines
 from ..loading import DTYPES
 
 CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
@@ -37,7 +38,7 @@ def read_calibration(path: str | None) -> list[str]:
     if not p.is_file():
         raise DFlashError(f"no such calibration file: {path}")
     prompts = []
-    for number, line in enumerate(p.read_text().splitlines(), start=1):
+    for number, line in utf8_lines(p, str(path)):
         if not line.strip():
             continue
         try:

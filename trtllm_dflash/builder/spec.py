@@ -40,6 +40,10 @@ class BuildSpec:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
                 raise DFlashError(f"build spec: '{name}' must be a positive integer, got {value!r}")
+        if not isinstance(self.force, bool):  # YAML `force: "no"` is a string, not false
+            raise DFlashError(f"build spec: 'force' must be true or false, got {self.force!r}")
+        if self.calib is not None and (not isinstance(self.calib, str) or not self.calib):
+            raise DFlashError(f"build spec: 'calib' must be a file path, got {self.calib!r}")
         if self.quant != "none" and self.backend == "torch":
             raise DFlashError(f"build spec: quant {self.quant!r} needs backend 'trtllm' (the torch backend runs "
                               "unquantized weights)")

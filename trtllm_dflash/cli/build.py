@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import sys
+from dataclasses import replace
 
 from ..builder.manifest import Manifest
 from ..builder.spec import BACKENDS, QUANTS
@@ -42,10 +43,9 @@ def run_build(argv: list[str]) -> int:
 
     args = vars(build_parser().parse_args(argv))
     config = args.pop("config")
-    for role in ("target", "drafter"):
-        if args[role] is not None:
-            args[role] = str(model_path(args[role], role))
     spec = BuildSpec.from_sources(config, args)
+    # 'builtin' names the shipped pair, from a flag or from the YAML file alike
+    spec = replace(spec, **{role: str(model_path(getattr(spec, role), role)) for role in ("target", "drafter")})
     out = build_engine(spec, shlex.join([PROG, *argv]))
     print(f"built {spec.backend} engine: {out}")
     return 0
