@@ -2,6 +2,10 @@
 # TORCH pins the CPU wheel for this set-up only; the package itself accepts any torch >= 2.5
 # (on a GPU machine: make demo TORCH=torch). numpy<2: the Python backend of the CPU-capable
 # tritonserver in nvidia-pytriton (installed --no-deps: its metadata pins old packages) needs it.
+# speculators (vllm-project's drafter library: the tests build and run drafters with it) is installed --no-deps
+# too: its metadata asks for numpy>=2 (see above), torchvision/torchaudio (CUDA wheels that would replace the CPU
+# torch) and transformers<=5.19 (the suite runs 5.23, which its DFlash classes work with: tested). What its import
+# needs besides is in the test extra.
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
@@ -13,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" "numpy<2"
 	$(PY) -m pip install -q -e ".[test]" "numpy<2"
-	$(PY) -m pip install -q --no-deps nvidia-pytriton==0.7.0
+	$(PY) -m pip install -q --no-deps nvidia-pytriton==0.7.0 speculators==0.9.0 hs-connectors==0.9.0
 	touch $@
 
 demo: $(VENV)/.installed

@@ -10,6 +10,7 @@ from torch import nn
 
 from .checkpoint import load_tokenizer, load_tensors, resolve_model_dir, stop_token_ids
 from .config import HYBRID_TARGETS, DrafterConfig, TargetConfig, read_config_json
+from .drafter_checkpoint import read_drafter
 from .errors import DFlashError
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
@@ -49,9 +50,10 @@ def load_target(name: str | Path, dtype: torch.dtype = torch.float32, device: st
 
 
 def load_drafter(name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedDrafter:
-    path = resolve_model_dir(name)
-    cfg = DrafterConfig.from_dict(read_config_json(path), str(path / "config.json"))
-    return LoadedDrafter(drafter_from_tensors(cfg, load_tensors(path), path, SINGLE, dtype, device), cfg, path)
+    """A drafter in z-lab's or the speculators library's format (drafter_checkpoint.py)."""
+    ckpt = read_drafter(resolve_model_dir(name))
+    model = drafter_from_tensors(ckpt.config, ckpt.tensors(), ckpt.path, SINGLE, dtype, device)
+    return LoadedDrafter(model, ckpt.config, ckpt.path)
 
 
 def tied_weights(cfg) -> set[str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from .. import __version__
 from ..checkpoint import resolve_model_dir, weight_files
 from ..config import DrafterConfig, TargetConfig, read_config_json
+from ..drafter_checkpoint import DrafterCheckpoint, read_drafter
 from ..errors import DFlashError
 from ..pairing import check_block_size, validate_pair
 from ..parallel import check_divisible, check_linear_heads
@@ -28,21 +29,32 @@ class BuildPlan:
 
     spec: BuildSpec
     target_dir: Path
-    drafter_dir: Path
     target: TargetConfig
-    drafter: DrafterConfig
     target_json: dict
-    drafter_json: dict
+    drafter_checkpoint: DrafterCheckpoint  # either format; its layout is z-lab's
     block_size: int
     max_seq_len: int
     final_dir: Path
 
+    @property
+    def drafter_dir(self) -> Path:
+        return self.drafter_checkpoint.path
+
+    @property
+    def drafter(self) -> DrafterConfig:
+        return self.drafter_checkpoint.config
+
+    @property
+    def drafter_json(self) -> dict:
+        """The drafter's config.json in z-lab's layout, whatever the input format."""
+        return self.drafter_checkpoint.layout
+
 
 def plan_build(spec: BuildSpec) -> BuildPlan:
     target_dir, drafter_dir = resolve_model_dir(spec.target), resolve_model_dir(spec.drafter)
-    target_json, drafter_json = read_config_json(target_dir), read_config_json(drafter_dir)
+    target_json, checkpoint = read_config_json(target_dir), read_drafter(drafter_dir)
     target = TargetConfig.from_dict(target_json, str(target_dir / "config.json"))
-    drafter = DrafterConfig.from_dict(drafter_json, str(drafter_dir / "config.json"))
+    drafter = checkpoint.config
     validate_pair(target, drafter)
     block = check_block_size(spec.block_size or drafter.block_size, drafter.block_size)
     max_seq_len = spec.max_seq_len or target.max_position_embeddings
@@ -57,7 +69,7 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
         raise DFlashError(f"the target in {target_dir} has no tokenizer (expected one of tokenizer.json, "
                           "tokenizer_config.json, tokenizer.model)")
     weight_files(target_dir), weight_files(drafter_dir)  # present, or a clear error now
-    return BuildPlan(spec, target_dir, drafter_dir, target, drafter, target_json, drafter_json, block, max_seq_len,
+    return BuildPlan(spec, target_dir, target, target_json, checkpoint, block, max_seq_len,
                      Path(spec.output).expanduser().absolute())
 
 
@@ -89,7 +101,8 @@ def write_backend(plan: BuildPlan, tmp: Path) -> dict:
 def manifest_for(plan: BuildPlan, command: str, details: dict) -> Manifest:
     spec = plan.spec
     return Manifest(
-        backend=spec.backend, target=identity(spec.target, plan.target_json), drafter=identity(spec.drafter, plan.drafter_json),
+        backend=spec.backend, target=identity(spec.target, plan.target_json),
+        drafter={**identity(spec.drafter, plan.drafter_json), "format": plan.drafter_checkpoint.format},
         tp_size=spec.tp, dtype=spec.dtype, quantization=spec.quant, block_size=plan.block_size,
         limits={"max_batch_size": spec.max_batch_size, "max_seq_len": plan.max_seq_len,
                 "max_num_tokens": spec.max_num_tokens},

@@ -6,6 +6,7 @@ rank<r>.safetensors}, tokenizer/. Each rank memory-maps only its own files.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -24,7 +25,7 @@ def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
     dtype, tp = DTYPES[plan.spec.dtype], plan.spec.tp
     roles = (("target", plan.target_dir, plan.target, TargetModel), ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
     for role, src, cfg, cls in roles:
-        state = load_tensors(src)
+        state = load_tensors(src) if role == "target" else plan.drafter_checkpoint.tensors()
         skip = tied_weights(cfg)
         if role == "target":
             state = target_tensors(cfg, state)
@@ -38,6 +39,8 @@ def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
         for name in ("config.json", "generation_config.json"):
             if (src / name).is_file():
                 shutil.copy2(src / name, out / name)
+        if role == "drafter":  # z-lab's layout whatever the input format
+            (out / "config.json").write_text(json.dumps(plan.drafter_json, indent=2) + "\n")
         for rank in range(tp):
             save_file(shard_state(state, cfg, rank, tp), str(out / f"rank{rank}.safetensors"), metadata={"format": "pt"})
     copy_tokenizer(plan.target_dir, tmp / "tokenizer")

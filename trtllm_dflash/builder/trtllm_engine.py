@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from ..checkpoint import weight_files
+from ..drafter_checkpoint import write_drafter
 from ..errors import DFlashError
 from .builder import BuildPlan, copy_tokenizer
 from .trtllm_drafter import trtllm_drafter_config
@@ -35,7 +36,7 @@ def write_trtllm_engine(plan: BuildPlan, tmp: Path) -> dict:
 
         details.update(quantize_target(plan.target_dir, target, spec.quant, spec.dtype, spec.calib))
     copy_tokenizer(plan.target_dir, target)
-    copy_checkpoint(plan.drafter_dir, tmp / "drafter", trtllm_drafter_config(plan.drafter, plan.drafter_json))
+    write_drafter_copy(plan, tmp / "drafter")
     options = llm_options(plan)
     check_options(options)
     final = plan.final_dir
@@ -59,6 +60,16 @@ def llm_options(plan: BuildPlan) -> dict:
         "kv_cache_config": {"free_gpu_memory_fraction": 0.85},
         "cuda_graph_config": {"enable_padding": True, "max_batch_size": spec.max_batch_size},
     }
+
+
+def write_drafter_copy(plan: BuildPlan, dst: Path) -> None:
+    """The drafter in z-lab's layout, which TensorRT-LLM reads, whatever the input's format: a z-lab directory is
+    copied file by file; a speculators one is rewritten with its own tensors only (no verifier copies)."""
+    config = trtllm_drafter_config(plan.drafter, plan.drafter_json)
+    if plan.drafter_checkpoint.format == "zlab":
+        copy_checkpoint(plan.drafter_dir, dst, config)
+    else:
+        write_drafter(dst, config, plan.drafter_checkpoint.tensors())
 
 
 def copy_checkpoint(src: Path, dst: Path, config: dict | None = None) -> None:

@@ -24,6 +24,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Train a DFlash drafter against a frozen target.")
     p.add_argument("--target", required=True, help="target model directory, hub id, or 'builtin'")
     p.add_argument("--output", required=True, help="drafter directory to write (config.json, model.safetensors)")
+    p.add_argument("--save-format", default="zlab", help="zlab (z-lab's DFlash layout, default) or speculators "
+                   "(vllm-project/speculators' layout, which vLLM loads); dflash-convert turns one into the other")
     p.add_argument("--data", help="prompts JSONL ({'prompt': ...} or {'messages': [...]}); default: stdlib snippets")
     p.add_argument("--num-layers", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
@@ -75,7 +77,8 @@ def run(argv: list[str] | None) -> int:
                      args.block_size, args.target_layer_ids, args.steps, args.epochs, args.lr, args.batch_tokens,
                      args.anchors, max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                      eval_prompts=args.eval_prompts, eval_every=args.eval_every, save_every=args.save_every,
-                     mask_token_id=args.mask_token_id, device=args.device, seed=args.seed, resume=args.resume)
+                     mask_token_id=args.mask_token_id, device=args.device, seed=args.seed, resume=args.resume,
+                     save_format=args.save_format)
     from ..pipeline import check_device
     from ..train.trainer import train
 

@@ -43,6 +43,7 @@ class TrainSpec:
     device: str = "cpu"
     seed: int = 0
     resume: bool = False
+    save_format: str = "zlab"  # the written drafter's checkpoint format: zlab | speculators
 
     def __post_init__(self):
         positive = ("num_layers", "lr", "batch_tokens", "anchors", "max_prompt_tokens", "max_new_tokens",
@@ -60,6 +61,8 @@ class TrainSpec:
             raise DFlashError(f"--warmup must be a fraction in [0, 1), got {self.warmup}")
         if self.eval_prompts < 0:
             raise DFlashError(f"--eval-prompts must be >= 0, got {self.eval_prompts}")
+        if self.save_format not in ("zlab", "speculators"):
+            raise DFlashError(f"--save-format must be zlab or speculators, got {self.save_format!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise DFlashError(f"unknown device {self.device!r} (cpu, cuda or cuda:N)")
 
@@ -70,7 +73,8 @@ class TrainSpec:
     def fingerprint(self) -> str:
         """Digest of everything that shapes the run (not its length or bookkeeping): a resumed run must match."""
         fixed = {k: v for k, v in asdict(self).items()
-                 if k not in ("resume", "steps", "epochs", "eval_every", "save_every", "device", "output")}
+                 if k not in ("resume", "steps", "epochs", "eval_every", "save_every", "device", "output",
+                              "save_format")}
         return hashlib.sha256(json.dumps(fixed, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
     @property

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..checkpoint import read_json
 from ..config import DrafterConfig
+from ..drafter_checkpoint import Verifier, config_json, write_drafter
 from ..errors import DFlashError
 from ..generator import Generator
 from ..loading import LoadedTarget, load_target
@@ -123,14 +123,10 @@ def held_out_tau(target, drafter, prompts: list[list[int]], stop_ids, max_new_to
     return pooled_tau(results)
 
 
-def save_drafter(drafter: DFlashDrafter, config: dict, out: Path) -> None:
-    """config.json + model.safetensors, each written to a temporary name and renamed (never half-written)."""
-    out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in drafter.state_dict().items()}
-    save_file(state, str(out / ".model.safetensors.tmp"), metadata={"format": "pt"})
-    (out / ".config.json.tmp").write_text(json.dumps(config, indent=2) + "\n")
-    os.replace(out / ".model.safetensors.tmp", out / "model.safetensors")
-    os.replace(out / ".config.json.tmp", out / "config.json")
+def saved_config(spec: TrainSpec, target: LoadedTarget, config: dict, d_cfg: DrafterConfig) -> dict:
+    """config.json in --save-format (the speculators format names the target as its verifier)."""
+    verifier = Verifier.of(spec.target, target.path) if spec.save_format == "speculators" else None
+    return config_json(config, d_cfg, spec.save_format, verifier)
 
 
 def save_state(spec: TrainSpec, state: TrainState, drafter, opt, sched, rng: torch.Generator) -> None:
@@ -163,17 +159,18 @@ def check_output(spec: TrainSpec) -> None:
 
 
 def train(spec: TrainSpec, progress: Progress = Progress()) -> TrainState:
-    """Run (or resume) a training run; the drafter lands in spec.output in the published format."""
+    """Run (or resume) a training run; the drafter lands in spec.output in --save-format (z-lab's or speculators')."""
     check_output(spec)
     target = load_target(spec.target, torch.float32, spec.device)
     config = drafter_config(spec, target)
+    d_cfg = DrafterConfig.from_dict(config, "the new drafter's config")
+    out_config = saved_config(spec, target, config, d_cfg)  # a format that cannot hold it fails before any work
     target.model.requires_grad_(False)  # frozen: the shared embedding and LM head included
     data, eval_prompts = prepare_data(spec, target, progress)
     rows = data.usable(spec.block_size)
     if len(rows) == 0:
         raise DFlashError(f"no response is at least --block-size {spec.block_size} tokens long: "
                           "raise --max-new-tokens or check that the target does not stop at once")
-    d_cfg = DrafterConfig.from_dict(config, "the new drafter's config")
     progress.stage("capturing target features", 1)
     features = capture(target.model, data.sequences, d_cfg.target_layer_ids, spec.device)
     progress.advance(1)
@@ -200,7 +197,8 @@ def train(spec: TrainSpec, progress: Progress = Progress()) -> TrainState:
         if state.step % spec.save_every == 0 or state.step == steps:
             save_state(spec, state, drafter, opt, sched, rng)
         progress.advance(1, **info)
-    save_drafter(drafter, config, Path(spec.output))
+    write_drafter(Path(spec.output), out_config,
+                  {k: v.detach().to("cpu", torch.float32) for k, v in drafter.state_dict().items()})
     (spec.state_dir / "log.json").write_text(json.dumps({"spec": spec.__dict__, "steps": steps,
                                                          "evals": state.evals, "losses": state.losses}) + "\n")
     return state
