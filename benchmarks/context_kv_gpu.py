@@ -76,7 +76,7 @@ def floor_bytes(shape: dict, n: int, elt: int) -> int:
 
 
 def run_case(drafter, weights, shape, tokens, batch, device, dtype) -> dict:
-    from trtllm_dflash.kv_cache import KVCache
+    from trtllm_dflash.models.attention import ForwardContext
     from trtllm_dflash.plugins.context_kv.op import write_context_kv
 
     g = torch.Generator(device=device).manual_seed(tokens * 1000 + batch)
@@ -84,11 +84,12 @@ def run_case(drafter, weights, shape, tokens, batch, device, dtype) -> dict:
     starts = torch.randint(0, 4096, (batch,), generator=g, device=device)
     positions = starts[:, None] + torch.arange(tokens, device=device)
     slots = torch.arange(batch, device=device)
-    cache = KVCache(shape["layers"], batch, shape["kv_heads"], 4096 + tokens, shape["head_dim"], dtype, device)
+    cache = drafter.new_cache(batch, 4096 + tokens)
+    ctx = ForwardContext(positions, cache, slots)
 
     def unfused():
-        for layer, (k, v) in enumerate(drafter.context_kv(features, positions)):
-            cache.write(layer, slots, positions, k, v)
+        for layer, (k, v) in zip(cache.layers, drafter.context_kv(features, positions)):
+            layer.write(ctx, k, v)
 
     flat = (features.view(batch * tokens, -1), positions.view(-1), slots[:, None].expand(batch, tokens).reshape(-1))
 

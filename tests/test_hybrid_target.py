@@ -16,7 +16,7 @@ from trtllm_dflash.engine import generate_with_engine
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.generator import Generator
 from trtllm_dflash.loading import load_target
-from trtllm_dflash.models.target import TargetStep
+from trtllm_dflash.models.attention import ForwardContext
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
 from trtllm_dflash.speculative.base import Proposer
@@ -39,9 +39,18 @@ text_only = pytest.mark.parametrize("hybrid", ["text"], indirect=True)
 
 
 def run(model, cache, ids, starts, slots, commit, capture=()):
+    """Prompts (starts all 0) into any slots, committing `commit` tokens per row; or a cached pass with
+    slots a permutation of 0..B-1 (the runtime's layout: row b is slot b), run in slot order."""
     positions = starts[:, None] + torch.arange(ids.shape[1])
-    hidden, feats = model(TargetStep(ids, positions, slots, cache, capture, commit))
-    return model.logits(hidden), feats
+    if not starts.any():
+        hidden, feats = model(ids, ForwardContext.prefill(positions, cache, slots, commit, capture_layer_ids=capture))
+        return model.logits(hidden), feats
+    order = slots.argsort()
+    ctx = ForwardContext.cached(positions[order], cache, int(positions.max()) + 1,
+                                commit=None if commit is None else commit[order], capture_layer_ids=capture)
+    hidden, feats = model(ids[order], ctx)
+    back = order.argsort()
+    return model.logits(hidden)[back], None if feats is None else feats[back]
 
 
 def test_both_layouts_parse_to_one_language_model(hybrid):
@@ -145,11 +154,11 @@ class ScriptedProposer(Proposer):
     def commit(self, slots, features, positions):
         pass
 
-    def propose(self, slots, anchors, starts, block_size, sampling):
-        drafts = []
-        for row, (slot, start) in enumerate(zip(slots.tolist(), starts.tolist())):
+    def propose(self, batch, num_drafts):
+        drafts, block_size = [], num_drafts + 1
+        for slot, start in enumerate(batch.starts.tolist()):  # row b is slot b
             truth = self.sequences[slot][start + 1 : start + block_size] + [0] * block_size
-            right = (self.calls + 2 * row) % block_size  # 0..block_size-1 correct drafts
+            right = (self.calls + 2 * slot) % block_size  # 0..block_size-1 correct drafts
             drafts.append([t if k < right else (t + 1) % VOCAB for k, t in enumerate(truth[: block_size - 1])])
         self.calls += 1
         return torch.tensor(drafts), None

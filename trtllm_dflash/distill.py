@@ -14,7 +14,8 @@ import torch
 
 from .generator import Generator
 from .models.drafter import DFlashDrafter
-from .models.target import TargetModel, TargetStep
+from .models.attention import ForwardContext
+from .models.target import TargetModel
 from .request import Request
 from .speculative import AutoregressiveProposer
 from .train.objective import block_loss, decay_weights
@@ -34,8 +35,8 @@ def capture_features(target: TargetModel, sequences: torch.Tensor, layer_ids: tu
     n, s = sequences.shape
     cache = target.new_cache(n, s)
     positions = torch.arange(s).expand(n, -1)
-    _, features = target(TargetStep(sequences, positions, torch.arange(n), cache, layer_ids,
-                                    commit=torch.full((n,), s)))
+    ctx = ForwardContext.prefill(positions, cache, torch.arange(n), torch.full((n,), s), capture_layer_ids=layer_ids)
+    _, features = target(sequences, ctx)
     return features
 
 

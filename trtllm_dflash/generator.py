@@ -14,12 +14,15 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import DFlashError
-from .models.target import TargetModel, TargetStep
+from .models.attention import ForwardContext
+from .models.target import TargetModel
 from .pairing import check_block_size
 from .request import Request, Result
-from .sampling import SamplingBatch, sample_rows, token_probs
+from .sampling import SamplingBatch, SamplingParams, sample_rows, token_probs
 from .speculative.accept import accept
-from .speculative.base import Proposer
+from .speculative.base import Proposer, StepBatch
+
+IDLE = SamplingParams()  # rows of free slots inside a step's slot range decode greedily, discarded
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Sequence:
     stops: frozenset[int]
     tag: object = None  # the caller's handle (a server's response sender)
     done: bool = False
+    start: int = 0  # committed length on the host: the anchor's position
 
 
 @dataclass
@@ -41,10 +45,15 @@ class Slots:
 
     starts: torch.Tensor  # [S] long, committed length
     anchors: torch.Tensor  # [S] long
+    active: torch.Tensor  # [S] bool: a sequence runs in the slot (free slots keep start 0)
     running: dict[int, Sequence] = field(default_factory=dict)
 
     def free(self) -> list[int]:
         return [s for s in range(len(self.starts)) if s not in self.running]
+
+    def rows(self) -> list[Sequence | None]:
+        """The sequence of each slot 0..highest running (None: free); a step runs exactly these rows."""
+        return [self.running.get(s) for s in range(max(self.running) + 1)]
 
 
 class Generator:
@@ -56,6 +65,7 @@ class Generator:
         self.slots: Slots | None = None
         self.block = proposer.max_block_size
         self.capacity = 0
+        self.idle_rng = torch.Generator()
 
     @torch.inference_mode()
     def generate(self, requests: list[Request], block_size: int | None = None) -> list[Result]:
@@ -79,7 +89,8 @@ class Generator:
         self.cache = self.target.new_cache(num_slots, capacity, block)
         self.proposer.allocate(num_slots, capacity)
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
-        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone()), block, capacity
+        active = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
+        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), active), block, capacity
 
     def validate(self, request: Request) -> None:
         cfg = self.target.config
@@ -123,18 +134,23 @@ class Generator:
         positions = torch.arange(longest, device=self.device).expand(n, -1)
         slots = torch.tensor([s.slot for s in sequences], device=self.device)
         lengths = torch.tensor([len(s.request.prompt_ids) for s in sequences], device=self.device)
-        self.target.reset(self.cache, slots)
-        hidden, features = self.target(TargetStep(ids.to(self.device), positions, slots, self.cache,
-                                                  self.proposer.capture_layer_ids, commit=lengths))
+        self.target.reset(self.cache, slots)  # recurrent layers start from zero state
+        ctx = ForwardContext.prefill(positions, self.cache, slots, lengths,
+                                     capture_layer_ids=self.proposer.capture_layer_ids)
+        hidden, features = self.target(ids.to(self.device), ctx)
         last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
         first = self.first_tokens(self.target.logits(last[:, None]), self.sampling(sequences))
         self.proposer.commit(slots, features, positions)
         self.slots.starts[slots] = lengths
         self.slots.anchors[slots] = first
+        self.slots.active[slots] = True
+        for seq in sequences:
+            seq.start = len(seq.request.prompt_ids)
         return first
 
-    def sampling(self, sequences: list[Sequence]) -> SamplingBatch:
-        return SamplingBatch.of([s.request.sampling for s in sequences], [s.generator for s in sequences], self.device)
+    def sampling(self, sequences: list[Sequence | None]) -> SamplingBatch:
+        params = [s.request.sampling if s else IDLE for s in sequences]
+        return SamplingBatch.of(params, [s.generator if s else self.idle_rng for s in sequences], self.device)
 
     @staticmethod
     def first_tokens(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
@@ -147,29 +163,36 @@ class Generator:
     def step(self) -> list[Sequence]:
         """One speculative step for every running sequence: draft a block, verify it, accept a prefix.
 
+        Rows are slots 0..highest running (free slots in between compute junk that is discarded).
         -> the sequences that ran (finished ones have `done` set and have left their slots)."""
-        running = list(self.slots.running.values())
-        if not running:
+        if not self.slots.running:
             return []
-        slots = torch.tensor([s.slot for s in running], device=self.device)
-        starts, anchors = self.slots.starts[slots], self.slots.anchors[slots]
-        sampling = self.sampling(running)
-        drafts, draft_probs = self.proposer.propose(slots, anchors, starts, self.block, sampling)
+        rows = self.slots.rows()
+        n, running = len(rows), [s for s in rows if s is not None]
+        starts, anchors = self.slots.starts[:n], self.slots.anchors[:n]
+        max_start = max(s.start for s in running)
+        batch = StepBatch(anchors, starts, max_start, self.sampling(rows))
+        drafts, draft_probs = self.proposer.propose(batch, self.block - 1)
         tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, K]
         positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
         # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
         commit = torch.ones_like(starts) if tokens.shape[1] == 1 else None
-        hidden, features = self.target(TargetStep(tokens, positions, slots, self.cache, self.proposer.capture_layer_ids,
-                                                  commit))
-        num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), sampling)
+        ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], commit=commit,
+                                    capture_layer_ids=self.proposer.capture_layer_ids)
+        hidden, features = self.target(tokens, ctx)
+        num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling)
         if commit is None:
-            self.target.commit(self.cache, slots, num_accepted + 1, tokens.shape[1])
-        self.proposer.commit(slots, features, positions)
-        self.slots.starts[slots] = starts + num_accepted + 1
-        self.slots.anchors[slots] = bonus
+            self.target.commit(self.cache, ctx.slots, num_accepted + 1, tokens.shape[1])
+        self.proposer.commit(ctx.slots, features, positions)
+        self.slots.starts[:n] = starts + torch.where(self.slots.active[:n], num_accepted + 1, 0)
+        self.slots.anchors[:n] = bonus
         now = time.perf_counter()
         drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
-        for row, (seq, a) in enumerate(zip(running, accepted)):
+        for row, seq in enumerate(rows):
+            if seq is None:
+                continue
+            a = accepted[row]
+            seq.start += a + 1
             seq.result.drafted_tokens += drafts.shape[1]
             seq.result.accepted_tokens += a
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
@@ -203,4 +226,6 @@ class Generator:
             seq.result.finish_reason = reason
         seq.done = True
         seq.result.finish_s = now
-        self.slots.running.pop(seq.slot, None)
+        if self.slots.running.pop(seq.slot, None) is not None:
+            self.slots.active[seq.slot] = False
+            self.slots.starts[seq.slot] = 0

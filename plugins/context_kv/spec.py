@@ -33,7 +33,7 @@ class ContextKVWeights:
 def context_kv_weights(drafter) -> ContextKVWeights:
     """Stack a `DFlashDrafter`'s weights for the fused op (one copy of the K/V projections)."""
     attn = [layer.self_attn for layer in drafter.layers]
-    kv = torch.cat([torch.cat([a.k_proj.weight, a.v_proj.weight]) for a in attn])
+    kv = torch.cat([a.kv_weight for a in attn])  # per layer its K rows then its V rows
     k_norm = torch.stack([a.k_norm.weight for a in attn])
     eps = drafter.layers[0].self_attn.k_norm.eps
     return ContextKVWeights(drafter.fc.weight, drafter.hidden_norm.weight, kv.contiguous(), k_norm.contiguous(),

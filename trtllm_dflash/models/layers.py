@@ -1,4 +1,14 @@
-"""Building blocks shared by the target and the drafter: RMSNorm, RoPE, SwiGLU, attention."""
+"""Building blocks shared by the target and the drafter: RMSNorm, packed projections, RoPE, SwiGLU,
+the attention layer.
+
+Packed projections: Q/K/V are one `qkv_proj` GEMM and gate/up one `gate_up_proj` GEMM per layer
+(fused at load). State dicts keep the checkpoint names (`q_proj`, `k_proj`, ... ): loading
+concatenates them, `state_dict()` returns copies split back, so checkpoints, engine shards (each
+rank fuses its own slices), name checks and saved drafters all see the published layout.
+
+Shapes inside a layer are sequence-major, [B, T, H, D], so that projections, norms and RoPE need no
+transposes; attention (`models/attention.py`) takes them in that layout.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +20,7 @@ from torch import nn
 
 from ..config import DecoderConfig, RopeConfig
 from ..parallel import SINGLE, HeadSplit, Parallel, padded_vocab
+from .attention import AttentionSpec
 
 
 class RMSNorm(nn.Module):
@@ -22,26 +33,61 @@ class RMSNorm(nn.Module):
         self.eps, self.unit_offset = eps, unit_offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.scale(F.rms_norm(x.float(), self.weight.shape, eps=self.eps), self.weight, x.dtype)
+
+    def scale(self, normed: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """normed: fp32 normalised input; weight: this norm's weight (or several norms' stacked)."""
         if self.unit_offset:
-            return (h * (1.0 + self.weight.float())).to(x.dtype)
-        return self.weight * h.to(x.dtype)
+            return (normed * (1.0 + weight.float())).to(dtype)
+        return weight * normed.to(dtype)
+
+
+class PackedLinear(nn.Linear):
+    """Several projections of one input in one GEMM: their rows concatenated, in `parts` order."""
+
+    def __init__(self, in_features: int, parts: dict[str, int], bias: bool):
+        super().__init__(in_features, sum(parts.values()), bias=bias)
+        self.parts = dict(parts)  # checkpoint name -> output rows
+
+    def split(self, t: torch.Tensor, dim: int = 0) -> tuple[torch.Tensor, ...]:
+        return t.split(list(self.parts.values()), dim=dim)
+
+
+def keep_checkpoint_names(module: nn.Module, packed: str) -> None:
+    """State dicts of `module` name its `packed` PackedLinear's parts as the checkpoint does."""
+    lin: PackedLinear = getattr(module, packed)
+
+    def save(mod, state, prefix, local_metadata) -> None:
+        for param in ("weight", "bias"):
+            key = f"{prefix}{packed}.{param}"
+            if key in state:
+                for name, piece in zip(lin.parts, lin.split(state.pop(key))):
+                    state[f"{prefix}{name}.{param}"] = piece.clone()  # copies: safetensors refuses shared storage
+
+    def load(mod, state, prefix, *args) -> None:
+        for param in ("weight", "bias"):
+            keys = [f"{prefix}{name}.{param}" for name in lin.parts]
+            if all(k in state for k in keys):
+                state[f"{prefix}{packed}.{param}"] = torch.cat([state.pop(k) for k in keys])
+
+    module.register_state_dict_post_hook(save)
+    module.register_load_state_dict_pre_hook(load)
 
 
 class MLP(nn.Module):
-    """SwiGLU; gate/up column-parallel, down row-parallel (summed over ranks)."""
+    """SwiGLU; gate/up packed and column-parallel, down row-parallel (summed over ranks)."""
 
     def __init__(self, hidden: int, intermediate: int, bias: bool, tp: Parallel = SINGLE):
         super().__init__()
         local = intermediate // tp.world
-        self.gate_proj = nn.Linear(hidden, local, bias=bias)
-        self.up_proj = nn.Linear(hidden, local, bias=bias)
+        self.gate_up_proj = PackedLinear(hidden, {"gate_proj": local, "up_proj": local}, bias=bias)
         self.down_proj = nn.Linear(local, hidden, bias=bias)  # bias held by rank 0 only
         self.tp = tp
+        keep_checkpoint_names(self, "gate_up_proj")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x)))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.tp.all_reduce(self.down_proj(F.silu(gate) * up))
 
 
 class VocabEmbedding(nn.Module):
@@ -73,7 +119,10 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         # -> fp32 logits [..., vocab], gathered from every rank, padding dropped
-        return self.tp.all_gather_last(F.linear(hidden, self.weight).float())[..., : self.vocab]
+        logits = F.linear(hidden, self.weight).float()
+        if self.tp.world == 1:
+            return logits
+        return self.tp.all_gather_last(logits)[..., : self.vocab]
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
@@ -95,83 +144,112 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class Rotary:
-    """cos/sin tables for arbitrary absolute positions; not a module, so meta-device init is safe.
-    head_dim is the rotated width (smaller than the head for partial RoPE)."""
+    """cos / signed-sin tables for arbitrary absolute positions, computed once per forward.
 
-    def __init__(self, rope: RopeConfig, head_dim: int):
+    Not a module: meta-device construction and `model.to(dtype)` leave the fp32 `inv_freq` alone; it is
+    copied to a device once, on first use there. Families with scaled cos/sin (YaRN's attention
+    factor) pass `scaling`.
+    """
+
+    def __init__(self, rope: RopeConfig, head_dim: int, scaling: float = 1.0):
         self.inv_freq = rope_inv_freq(rope, head_dim)
+        self.scaling = scaling
+        self._on_device: dict[torch.device, torch.Tensor] = {}
+
+    def freqs_on(self, device: torch.device) -> torch.Tensor:
+        if device not in self._on_device:
+            self._on_device[device] = self.inv_freq.to(device)
+        return self._on_device[device]
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        # positions: [B, T] -> cos, sin: [B, 1, T, D] (broadcast over heads)
-        inv_freq = self.inv_freq.to(positions.device)
-        freqs = positions[..., None].float() * inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        # positions: [B, T] -> cos, sin: [B, T, 1, D] (broadcast over heads); sin carries rotate_half's
+        # sign, [-sin, sin], so that rotate_half(x) * sin == roll(x, D/2) * signed_sin exactly.
+        freqs = positions[..., None].float() * self.freqs_on(positions.device)  # fp32 angles, as transformers
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.scaling != 1.0:
+            cos, sin = cos * self.scaling, sin * self.scaling
+        cos = torch.cat((cos, cos), dim=-1).to(dtype)
+        sin = torch.cat((-sin, sin), dim=-1).to(dtype)
+        return cos[:, :, None], sin[:, :, None]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: [B, H, T, D]; cos, sin: [..., R] with R <= D: partial RoPE turns the first R channels only
-    if cos.shape[-1] < x.shape[-1]:
-        r = cos.shape[-1]
-        return torch.cat((apply_rope(x[..., :r], cos, sin), x[..., r:]), dim=-1)
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    """x: [B, T, H, D]; cos, sin: [B, T, 1, R] from `Rotary` (R < D: partial rotary, the rest passes)."""
+    rot = cos.shape[-1]
+    if rot < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+    return x * cos + torch.roll(x, rot // 2, dims=-1) * sin
 
 
-class AttentionProjections(nn.Module):
-    """q/k/v/o projections and the optional per-head q/k RMSNorm, named as in the checkpoints.
+class Attention(nn.Module):
+    """Packed QKV projection, optional per-head q/k RMSNorm, RoPE, attention, optional output gate,
+    O projection.
 
-    With an output gate (Qwen3-Next / Qwen3.5), q_proj yields per head [q (D) | gate (D)] and the
-    attention output is multiplied by sigmoid(gate) before o_proj."""
+    Parameter names follow the checkpoints (`self_attn.{q,k,v,o}_proj`, `q_norm`, `k_norm`). How
+    keys are stored and read is the per-forward context's business (`models/attention.py`): the
+    layer hands it this step's roped q, k and v and gets the attention output back. With an output
+    gate (Qwen3-Next / Qwen3.5), q_proj yields per head [q (D) | gate (D)] and the attention output
+    is multiplied by sigmoid(gate) before o_proj.
+    """
 
-    def __init__(self, cfg: DecoderConfig, tp: Parallel = SINGLE):
+    def __init__(self, cfg: DecoderConfig, tp: Parallel = SINGLE, causal: bool = True, window: int | None = None):
         super().__init__()
         h, d = cfg.hidden_size, cfg.head_dim
         split = HeadSplit(cfg.num_attention_heads, cfg.num_key_value_heads, tp.world)
-        # head counts of this rank (all heads when tp.world == 1)
-        self.num_heads, self.num_kv_heads, self.head_dim = split.local_heads, split.local_kv_heads, d
+        self.spec = AttentionSpec(split.local_heads, split.local_kv_heads, d, causal=causal, window=window)
         self.output_gate = getattr(cfg, "attn_output_gate", False)
-        self.q_proj = nn.Linear(h, self.num_heads * d * (2 if self.output_gate else 1), bias=cfg.attention_bias)
-        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=cfg.attention_bias)
-        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=cfg.attention_bias)
-        self.o_proj = nn.Linear(self.num_heads * d, h, bias=cfg.attention_bias)  # row-parallel
+        nq, nkv = self.spec.num_heads * d, self.spec.num_kv_heads * d
+        self.q_rows = nq * (2 if self.output_gate else 1)
+        self.qkv_proj = PackedLinear(h, {"q_proj": self.q_rows, "k_proj": nkv, "v_proj": nkv}, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(nq, h, bias=cfg.attention_bias)  # row-parallel
         self.tp = tp
+        self.sinks: torch.Tensor | None = None  # [H] learned sink logits, for families that have them
         if cfg.qk_norm:
             offset = getattr(cfg, "unit_offset_norms", False)
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, offset)
             self.k_norm = RMSNorm(d, cfg.rms_norm_eps, offset)
         else:
             self.q_norm = self.k_norm = None
+        keep_checkpoint_names(self, "qkv_proj")
 
-    def heads(self, x: torch.Tensor, proj: nn.Linear, norm: RMSNorm | None) -> torch.Tensor:
-        # x: [B, T, hidden] -> [B, H, T, D]
-        out = proj(x).view(*x.shape[:-1], -1, self.head_dim)
-        if norm is not None:
-            out = norm(out)
-        return out.transpose(1, 2)
+    @property
+    def kv_weight(self) -> torch.Tensor:
+        """[2 * H_kv * D, hidden]: the K rows then the V rows (a view of the packed weight)."""
+        return self.qkv_proj.weight[self.q_rows:]
 
-    def query(self, x: torch.Tensor) -> torch.Tensor:
-        return self.heads(x, self.q_proj, self.q_norm)
+    def project(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """x: [B, T, hidden] -> q [B, T, H, D], k [B, T, H_kv, D] (normed, roped), v [B, T, H_kv, D],
+        and the output gate [B, T, H * D] (None without one)."""
+        s = self.spec
+        nq = self.q_rows // s.head_dim  # query heads, doubled by the gate's
+        qkv = self.qkv_proj(x).view(*x.shape[:-1], nq + 2 * s.num_kv_heads, s.head_dim)
+        qk, v = qkv[..., : nq + s.num_kv_heads, :], qkv[..., nq + s.num_kv_heads:, :]
+        gate = None
+        if self.output_gate:  # per head [q | gate]: q and k heads side by side, the gates apart
+            q_gate = qk[..., :nq, :].unflatten(-2, (s.num_heads, 2))
+            qk, gate = torch.cat((q_gate[..., 0, :], qk[..., nq:, :]), dim=-2), q_gate[..., 1, :].flatten(-2)
+        if self.q_norm is not None:  # one normalisation for q and k heads, then each its own weight
+            normed = F.rms_norm(qk.float(), (s.head_dim,), eps=self.q_norm.eps)
+            weight = torch.cat((self.q_norm.weight.expand(s.num_heads, -1), self.k_norm.weight.expand(s.num_kv_heads, -1)))
+            qk = self.q_norm.scale(normed, weight, qk.dtype)
+        qk = apply_rope(qk, *rope)
+        return qk[..., : s.num_heads, :], qk[..., s.num_heads:, :], v, gate
 
-    def gated_query(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # x: [B, T, hidden] -> q [B, H, T, D], gate [B, T, H * D]
-        q, gate = self.q_proj(x).view(*x.shape[:-1], -1, 2 * self.head_dim).chunk(2, dim=-1)
-        if self.q_norm is not None:
-            q = self.q_norm(q)
-        return q.transpose(1, 2), gate.flatten(-2)
+    def key_value(self, x: torch.Tensor, rope) -> tuple[torch.Tensor, torch.Tensor]:
+        """K (normed, roped) and V of inputs that are never queries (DFlash context features):
+        x [B, N, hidden] -> k, v [B, N, H_kv, D], one GEMM over the packed K/V rows."""
+        s = self.spec
+        bias = None if self.qkv_proj.bias is None else self.qkv_proj.bias[self.q_rows:]
+        k, v = F.linear(x, self.kv_weight, bias).view(*x.shape[:-1], 2 * s.num_kv_heads, s.head_dim).chunk(2, dim=-2)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return apply_rope(k, *rope), v
 
-    def key(self, x: torch.Tensor) -> torch.Tensor:
-        return self.heads(x, self.k_proj, self.k_norm)
-
-    def value(self, x: torch.Tensor) -> torch.Tensor:
-        return self.heads(x, self.v_proj, None)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-               gate: torch.Tensor | None = None) -> torch.Tensor:
-        # q: [B, H, T, D]; k, v: [B, H_kv, S, D]; mask: [B, 1, T, S] bool (True = visible); gate: [B, T, H * D]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.num_heads != self.num_kv_heads)
-        out = out.transpose(1, 2).reshape(*q.shape[:1], q.shape[2], -1)
+    def forward(self, x: torch.Tensor, layer: int, ctx) -> torch.Tensor:
+        """x: [B, T, hidden]; layer: this layer's cache index; ctx: the forward's context (cache,
+        positions, rope) -> [B, T, hidden]."""
+        q, k, v, gate = self.project(x, ctx.rope)
+        out = ctx.attend(layer, self.spec, q, k, v, self.sinks).flatten(2)  # [B, T, H * D]
         if gate is not None:
             out = out * torch.sigmoid(gate)
         return self.tp.all_reduce(self.o_proj(out))

@@ -3,46 +3,26 @@ gated full attention), with a slot cache and layer capture."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
 from ..config import TargetConfig
-from ..kv_cache import KVCache
+from ..kv_cache import KVCache, LayerCacheSpec
 from ..parallel import SINGLE, Parallel
 from ..state_cache import RecurrentState
+from .attention import ForwardContext
 from .gated_delta_net import GatedDeltaNet
-from .layers import MLP, AttentionProjections, LMHead, RMSNorm, Rotary, VocabEmbedding, apply_rope
-
-
-@dataclass
-class TargetStep:
-    """Per-forward inputs: which slots run, which tokens at which absolute positions."""
-
-    input_ids: torch.Tensor  # [B, T]
-    positions: torch.Tensor  # [B, T] absolute positions; cache index == position
-    slots: torch.Tensor  # [B] cache slot of each row
-    cache: KVCache | HybridCache
-    capture_layer_ids: tuple[int, ...] = ()
-    # [B] tokens of each row that recurrent layers fold into their state in this pass (prefill: the
-    # prompt lengths; plain decoding: ones); None defers it to `TargetModel.commit` (verify)
-    commit: torch.Tensor | None = None
+from .layers import MLP, Attention, LMHead, RMSNorm, Rotary, VocabEmbedding
 
 
 class HybridCache:
     """A KV cache for the full-attention layers and recurrent state for the linear-attention layers,
-    each indexed by the layer's position among layers of its kind."""
+    each indexed by the layer's position among layers of its kind. Attention reads `layers` and
+    `capacity` as it reads a KVCache's."""
 
     def __init__(self, kv: KVCache, state: RecurrentState):
         self.kv, self.state = kv, state
-        self.write, self.read = kv.write, kv.read
-
-
-def causal_mask(positions: torch.Tensor, kv_len: int) -> torch.Tensor:
-    # positions: [B, T] -> [B, 1, T, kv_len]; key j is visible to a query at position p iff j <= p.
-    keys = torch.arange(kv_len, device=positions.device)
-    return (keys[None, None, :] <= positions[:, :, None])[:, None]
+        self.layers, self.capacity = kv.layers, kv.capacity
 
 
 class TargetLayer(nn.Module):
@@ -53,26 +33,19 @@ class TargetLayer(nn.Module):
         if kind == "linear_attention":
             self.linear_attn = GatedDeltaNet(cfg, tp)
         else:
-            self.self_attn = AttentionProjections(cfg, tp)
+            self.self_attn = Attention(cfg, tp)
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.unit_offset_norms)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.unit_offset_norms)
         self.kind, self.cache_index = kind, cache_index
 
-    def forward(self, x, step: TargetStep, rope, mask, kv_len: int) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
         h = self.input_layernorm(x)
         if self.kind == "linear_attention":
-            x = x + self.linear_attn(h, self.cache_index, step.cache.state, step.slots, step.commit)
+            x = x + self.linear_attn(h, self.cache_index, ctx.cache.state, ctx.slots, ctx.commit)
         else:
-            x = x + self.attention(h, step, rope, mask, kv_len)
+            x = x + self.self_attn(h, self.cache_index, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
-
-    def attention(self, h, step: TargetStep, rope, mask, kv_len: int) -> torch.Tensor:
-        attn, (cos, sin), layer = self.self_attn, rope, self.cache_index
-        q, gate = attn.gated_query(h) if attn.output_gate else (attn.query(h), None)
-        step.cache.write(layer, step.slots, step.positions, apply_rope(attn.key(h), cos, sin), attn.value(h))
-        k, v = step.cache.read(layer, step.slots, kv_len)
-        return attn.attend(apply_rope(q, cos, sin), k, v, mask, gate)
 
 
 class TargetModel(nn.Module):
@@ -97,42 +70,51 @@ class TargetModel(nn.Module):
     def embed_tokens(self) -> VocabEmbedding:
         return self.model.embed_tokens
 
-    def forward(self, step: TargetStep) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> final-normed hidden [B, T, hidden], and captured layer outputs [B, T, n * hidden].
+    def forward(self, input_ids: torch.Tensor, ctx: ForwardContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """input_ids: [B, T] at ctx.positions -> final-normed hidden [B, T, hidden], and the outputs of
+        ctx.capture_layer_ids [B, T, n * hidden] (None when none are asked for).
 
         Capture id i is the output of decoder layer i, exactly Hugging Face `hidden_states[i + 1]`,
         which for the last layer is taken after the final norm (drafters are trained on that).
         """
-        x = self.model.embed_tokens(step.input_ids)
-        kv_len = int(step.positions.max()) + 1
-        mask = causal_mask(step.positions, kv_len)
-        rope = self.rotary(step.positions, x.dtype)
-        wanted = set(step.capture_layer_ids)
+        x = self.model.embed_tokens(input_ids)
+        ctx.rope = self.rotary(ctx.positions, x.dtype)
+        wanted = ctx.capture_layer_ids
+        last = len(self.model.layers) - 1
         captured: dict[int, torch.Tensor] = {}
         for i, layer in enumerate(self.model.layers):
-            x = layer(x, step, rope, mask, kv_len)
-            if i in wanted:
+            x = layer(x, ctx)
+            if i in wanted and i != last:
                 captured[i] = x
         x = self.model.norm(x)
-        if len(self.model.layers) - 1 in wanted:
-            captured[len(self.model.layers) - 1] = x
-        features = torch.cat([captured[i] for i in step.capture_layer_ids], dim=-1) if wanted else None
+        if last in wanted:
+            captured[last] = x
+        features = torch.cat([captured[i] for i in wanted], dim=-1) if wanted else None
         return x, features
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """-> fp32 logits over the whole vocabulary (gathered across ranks)."""
         return self.lm_head(hidden)
 
-    def new_cache(self, num_slots: int, capacity: int, block: int = 1) -> KVCache | HybridCache:
-        """block: the longest pass whose recurrent-state commit is deferred (the verify block)."""
+    def attention_layers(self) -> list[TargetLayer]:
+        return [layer for layer in self.model.layers if layer.kind == "full_attention"]
+
+    def cache_specs(self) -> list[LayerCacheSpec]:
+        """One per attention layer; families with sliding-window layers declare them here."""
+        return [LayerCacheSpec("full")] * len(self.attention_layers())
+
+    def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1) -> KVCache | HybridCache:
+        """max_step_tokens: the longest cached pass (the verify block): it sizes window rings and the
+        recurrent layers' rollback stash."""
         cfg, weight = self.config, self.lm_head.weight
-        attention = [layer for layer in self.model.layers if layer.kind == "full_attention"]
-        kv_heads = attention[0].self_attn.num_kv_heads if attention else 1  # this rank's
-        kv = KVCache(len(attention), num_slots, kv_heads, capacity, cfg.head_dim, weight.dtype, weight.device)
+        attention = self.attention_layers()
+        kv_heads = attention[0].self_attn.spec.num_kv_heads if attention else 1  # this rank's
+        kv = KVCache(self.cache_specs(), num_slots, kv_heads, capacity, cfg.head_dim, weight.dtype, weight.device,
+                     max_step_tokens)
         if not cfg.is_hybrid:
             return kv
         linear = len(self.model.layers) - len(attention)
-        state = RecurrentState(linear, num_slots, block, cfg.linear_attention, self.tp.world, weight.dtype,
+        state = RecurrentState(linear, num_slots, max_step_tokens, cfg.linear_attention, self.tp.world, weight.dtype,
                                weight.device)
         return HybridCache(kv, state)
 

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from .base import Proposer
+from .base import Proposer, StepBatch
 
 
 class AutoregressiveProposer(Proposer):
@@ -17,5 +15,5 @@ class AutoregressiveProposer(Proposer):
     def commit(self, slots, features, positions) -> None:
         pass
 
-    def propose(self, slots, anchors, starts, block_size, sampling):
-        return anchors.new_zeros((len(anchors), 0)), None
+    def propose(self, batch: StepBatch, num_drafts: int):
+        return batch.anchors.new_zeros((len(batch.anchors), 0)), None

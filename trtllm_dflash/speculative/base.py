@@ -3,10 +3,21 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 
 import torch
 
 from ..sampling import SamplingBatch
+
+
+@dataclass
+class StepBatch:
+    """One decode step's rows, passed whole: row b is cache slot b of the target and the proposer."""
+
+    anchors: torch.Tensor  # [B] long: the last committed token of each row, at position starts[b]
+    starts: torch.Tensor  # [B] long: committed length; the context is positions 0..starts[b]-1
+    max_start: int  # host int, >= every row's start: sizes the key span without a device sync
+    sampling: SamplingBatch
 
 
 class Proposer(ABC):
@@ -28,10 +39,8 @@ class Proposer(ABC):
         """
 
     @abstractmethod
-    def propose(self, slots: torch.Tensor, anchors: torch.Tensor, starts: torch.Tensor, block_size: int,
-                sampling: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """-> drafts [B, block_size - 1] and their proposal probabilities [B, block_size - 1, V].
+    def propose(self, batch: StepBatch, num_drafts: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> drafts [B, num_drafts] and their proposal probabilities [B, num_drafts, V].
 
-        anchors: [B] last committed token, at position starts[b]; the context is positions
-        0..starts[b]-1. Probabilities may be None when every row is greedy or nothing is proposed.
+        Probabilities may be None when every row is greedy or nothing is proposed.
         """

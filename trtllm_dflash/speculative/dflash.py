@@ -5,12 +5,13 @@ from __future__ import annotations
 import torch
 
 from ..kv_cache import KVCache
+from ..models.attention import ForwardContext
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..plugins.context_kv import context_kv_weights
 from ..plugins.context_kv.op import write_context_kv
 from ..sampling import SamplingBatch, sample_rows, token_probs
-from .base import Proposer
+from .base import Proposer, StepBatch
 
 CONTEXT_KV_PATHS = ("op", "triton", "unfused")
 
@@ -38,15 +39,13 @@ class DFlashProposer(Proposer):
         self.cache: KVCache | None = None
 
     def allocate(self, num_slots: int, capacity: int) -> None:
-        cfg, weight = self.drafter.config, self.drafter.fc.weight
-        kv_heads = self.drafter.layers[0].self_attn.num_kv_heads  # this rank's
-        self.cache = KVCache(cfg.num_hidden_layers, num_slots, kv_heads, capacity, cfg.head_dim, weight.dtype,
-                             weight.device)
+        self.cache = self.drafter.new_cache(num_slots, capacity)
 
     def commit(self, slots, features, positions) -> None:
         if self.context_kv == "unfused":
-            for layer, (k, v) in enumerate(self.drafter.context_kv(features, positions)):
-                self.cache.write(layer, slots, positions, k, v)
+            ctx = ForwardContext(positions, self.cache, slots)
+            for layer, (k, v) in zip(self.cache.layers, self.drafter.context_kv(features, positions)):
+                layer.write(ctx, k, v)
             return
         b, t = positions.shape  # flatten to N = B * T tokens, each with its own slot and position
         args = (features.reshape(b * t, -1), positions.reshape(-1), slots[:, None].expand(b, t).reshape(-1),
@@ -58,16 +57,17 @@ class DFlashProposer(Proposer):
         else:
             write_context_kv(*args)
 
-    def propose(self, slots, anchors, starts, block_size, sampling: SamplingBatch):
+    def propose(self, batch: StepBatch, num_drafts: int):
+        anchors, block_size = batch.anchors, num_drafts + 1
         block = anchors[:, None].repeat(1, block_size)
         block[:, 1:] = self.mask_token_id
         embeds = self.target.embed_tokens(block) * self.drafter.config.input_embedding_scale
-        positions = starts[:, None] + torch.arange(block_size, device=starts.device)
-        ctx_capacity = int(starts.max())  # host sync: the longest context in the batch
-        ctx = [self.cache.read(layer, slots, ctx_capacity) for layer in range(len(self.drafter.layers))]
-        hidden = self.drafter(embeds, positions, ctx, starts)
+        positions = batch.starts[:, None] + torch.arange(block_size, device=anchors.device)
+        # The block's K/V go to the draft cache right after each row's context (scratch entries).
+        hidden = self.drafter(embeds, ForwardContext.cached(positions, self.cache, batch.max_start + block_size))
         # Slot k predicts the token at slot k (no shift); the anchor's output is discarded.
         logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head)  # gathered over ranks
+        sampling = batch.sampling
         if sampling.all_greedy:
             return logits.argmax(-1), None
         probs = token_probs(logits, sampling)

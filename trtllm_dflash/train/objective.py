@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..models.attention import ExplicitContext
+
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # the paper's decay per block size
 
 
@@ -41,9 +43,9 @@ def block_loss(drafter, target, seqs: torch.Tensor, feats: torch.Tensor, anchors
     labels = tokens[..., 1:]  # slot k predicts the token at anchor + k
     inputs = torch.full_like(tokens, cfg.mask_token_id)
     inputs[..., 0] = tokens[..., 0]
-    ctx = drafter.context_kv(feats, torch.arange(s, device=seqs.device).expand(n, -1))
+    ctx_kv = drafter.context_kv(feats, torch.arange(s, device=seqs.device).expand(n, -1))
     embeds = target.embed_tokens(inputs.view(n, -1)) * cfg.input_embedding_scale
-    hidden = drafter(embeds, idx.view(n, -1), ctx, None, block_sparse_mask(anchors, s, block))
+    hidden = drafter(embeds, ExplicitContext(idx.view(n, -1), ctx_kv, block_sparse_mask(anchors, s, block)))
     logits = drafter.logits(hidden.view(n, a, block, -1)[:, :, 1:], target.lm_head)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
     return (ce.view(labels.shape) * weights).sum() / (weights.sum() * n * a)
