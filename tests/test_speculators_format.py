@@ -285,17 +285,23 @@ def test_convert_cli_bad_input_is_one_line_and_writes_nothing(targets, tmp_path,
     _, target_dir = targets["qwen3"]
     zlab = write_drafter(tmp_path / "zlab")
     (tmp_path / "taken").mkdir()
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "keep.txt").write_text("user data")
     cases = [
         (["--to", "speculators"], tmp_path / "a", "give --verifier"),
         (["--to", "hf"], tmp_path / "b", "unknown drafter format 'hf'"),
         (["--to", "zlab"], tmp_path / "taken", "already exists (use --force"),
         (["--to", "zlab", "--force"], zlab, "is the source drafter"),
+        (["--to", "zlab", "--force"], tmp_path / "data", "--force replaces only a DFlash drafter directory"),
         (["--to", "speculators", "--verifier", tmp_path / "nowhere"], tmp_path / "c", "no such model directory"),
     ]
     for flags, out, needle in cases:
         code = convert_main([str(a) for a in (zlab, out, *flags)])
         err = capsys.readouterr().err
         assert code == 2 and needle in err and err.count("\n") == 1, (flags, err)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken", "zlab"]  # nothing written, no temporary left
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "taken", "zlab"]  # nothing written or left over
+    assert (tmp_path / "data" / "keep.txt").read_text() == "user data"
     assert convert_main([str(zlab), str(tmp_path / "spec"), "--to", "speculators", "--verifier", str(target_dir)]) == 0
     assert read_drafter(tmp_path / "spec").format == "speculators"
+    assert convert_main([str(zlab), str(tmp_path / "spec"), "--to", "zlab", "--force"]) == 0  # a drafter: replaced
+    assert read_drafter(tmp_path / "spec").format == "zlab"

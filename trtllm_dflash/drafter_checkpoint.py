@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
+from .builder.output import building, check_output, publish
 from .checkpoint import load_tensors, resolve_model_dir
 from .config import DrafterConfig, read_config_json
 from .errors import DFlashError
@@ -89,26 +88,27 @@ def convert_drafter(source: str | Path, output: str | Path, fmt: str, verifier: 
                     force: bool = False) -> Path:
     """Write the drafter at `source` (either format) to a new directory `output` in `fmt`; -> `output`.
 
-    The new directory is assembled beside `output` and renamed into place, so a failure leaves nothing."""
+    Written as dflash-build writes an engine (builder/output.py): assembled in a temporary sibling and renamed
+    into place, so a failure or interrupt leaves nothing; `force` replaces only a drafter or an empty directory."""
     ckpt = read_drafter(resolve_model_dir(source))
     out = Path(output).expanduser().absolute()
-    if out.exists():
-        if out.resolve() == ckpt.path.resolve():
-            raise DFlashError(f"output {out} is the source drafter: write the converted drafter elsewhere")
-        if not force or not out.is_dir():
-            raise DFlashError(f"output {out} already exists (use --force to replace a directory)")
-    config = config_json(ckpt.layout, ckpt.config, fmt, verifier)
-    try:
+    if out.exists() and out.resolve() == ckpt.path.resolve():
+        raise DFlashError(f"output {out} is the source drafter: write the converted drafter elsewhere")
+    check_output(out, force, is_drafter, "a DFlash drafter directory (either format)")
+    config, tensors = config_json(ckpt.layout, ckpt.config, fmt, verifier), ckpt.tensors()
+    try:  # only writing is in here: an OSError is about the output
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.converting-", dir=out.parent))
+        with building(out) as tmp:
+            write_drafter(tmp, config, tensors)
+            publish(tmp, out)
     except OSError as exc:
-        raise DFlashError(f"cannot write under {out.parent}: {exc.strerror or exc}") from None
-    try:
-        write_drafter(tmp, config, ckpt.tensors())
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        raise DFlashError(f"cannot write the drafter under {out.parent}: {exc.strerror or exc}") from None
     return out
+
+
+def is_drafter(path: Path) -> bool:
+    try:
+        read_drafter(path)
+    except DFlashError:
+        return False
+    return True

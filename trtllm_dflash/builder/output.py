@@ -15,7 +15,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -24,8 +24,10 @@ from ..interrupts import signals_raise
 from .manifest import MANIFEST
 
 
-def check_output(out: Path, force: bool) -> None:
-    """Refuse, before anything is built, an output this build must not replace."""
+def check_output(out: Path, force: bool, ours: Callable[[Path], bool] | None = None,
+                 kind: str = f"an engine directory (with {MANIFEST})") -> None:
+    """Refuse, before anything is built, an output this build must not replace: with force, only `kind` (a
+    directory `ours` accepts; default: an engine) or an empty directory is replaced."""
     if out.is_symlink():
         raise DFlashError(f"output {out} is a symbolic link: give the directory it points to")
     if not out.exists():
@@ -34,9 +36,9 @@ def check_output(out: Path, force: bool) -> None:
         raise DFlashError(f"output {out} exists and is not a directory")
     if not force:
         raise DFlashError(f"output {out} already exists (use --force to replace it)")
-    if any(out.iterdir()) and not is_engine(out):
-        raise DFlashError(f"--force replaces only an engine directory (with {MANIFEST}) or an empty one, and "
-                          f"{out} is neither: remove it yourself or choose another --output")
+    if any(out.iterdir()) and not (ours or is_engine)(out):
+        raise DFlashError(f"--force replaces only {kind} or an empty one, and "
+                          f"{out} is neither: remove it yourself or choose another output")
 
 
 def is_engine(path: Path) -> bool:

@@ -25,10 +25,8 @@ def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
     dtype, tp = DTYPES[plan.spec.dtype], plan.spec.tp
     roles = (("target", plan.target_dir, plan.target, TargetModel), ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
     for role, src, cfg, cls in roles:
-        state = load_tensors(src) if role == "target" else plan.drafter_checkpoint.tensors()
+        state = target_tensors(cfg, load_tensors(src)) if role == "target" else plan.drafter_checkpoint.tensors()
         skip = tied_weights(cfg)
-        if role == "target":
-            state = target_tensors(cfg, state)
         for name in skip:
             state.pop(name, None)
         with torch.device("meta"):
