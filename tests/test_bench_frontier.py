@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from trtllm_dflash.bench.frontier import interpolate, pareto_frontier
+from trtllm_dflash.bench.frontier import interpolate, pareto_frontier, read_frontier
 from trtllm_dflash.bench.report import make_report
 from trtllm_dflash.bench.spec import ReportSpec
 from trtllm_dflash.cli.bench import main
@@ -48,6 +48,19 @@ def test_interpolation_of_one_or_no_points():
     assert interpolate([], [50]) == [None]
 
 
+def test_reading_below_the_lowest_interactivity_is_a_measured_lower_bound():
+    """At a floor below every measured point, the deployment delivers at least the best throughput measured at
+    or above it (the frontier's first point): reported as that bound, marked, not interpolated; n/a only above."""
+    front = [(152, 1068), (200, 913), (266, 700)]
+    got = read_frontier(front, [60, 151.9, 152, 180, 266, 267])
+    assert got[0] == got[1] == (1068, "at_or_above")
+    assert got[2] == (pytest.approx(1068), "frontier") and got[4] == (pytest.approx(700), "frontier")
+    assert 913 < got[3][0] < 1068 and got[3][1] == "frontier"
+    assert got[5] == (None, None)
+    assert read_frontier([(50, 300)], [10, 50, 60]) == [(300, "at_or_above"), (300, "frontier"), (None, None)]
+    assert read_frontier([], [10]) == [(None, None)]
+
+
 def write_run(root, label, points, status="complete", num_gpus=1):
     root.mkdir(parents=True)
     summaries = []
@@ -84,7 +97,11 @@ def test_report_table_ratios_and_na(two_runs, tmp_path):
     rows = {(r["interactivity"], r["label"]): r for r in report.rows}
     assert rows[(50, "plain")]["throughput_per_gpu"] == pytest.approx(
         interpolate([(40, 1200), (60, 700), (90, 380), (100, 200)], [50])[0])
-    assert rows[(50, "dflash")]["throughput_per_gpu"] is None  # dflash's frontier starts at 120 tok/s/user
+    plain_50 = rows[(50, "plain")]["throughput_per_gpu"]
+    # dflash's frontier starts at 120 tok/s/user: at 50 it delivers at least its best point at or above 50
+    assert rows[(50, "dflash")] == {"interactivity": 50, "label": "dflash", "throughput_per_gpu": 2400,
+                                    "basis": "at_or_above", "ratio_to_baseline": pytest.approx(2400 / plain_50)}
+    assert rows[(50, "plain")]["basis"] == "frontier" and rows[(400, "dflash")]["basis"] is None
     assert rows[(100, "plain")]["throughput_per_gpu"] == pytest.approx(200)
     assert rows[(200, "plain")]["throughput_per_gpu"] is None and rows[(200, "plain")]["ratio_to_baseline"] is None
     at_200 = rows[(200, "dflash")]
@@ -95,8 +112,9 @@ def test_report_table_ratios_and_na(two_runs, tmp_path):
     out = tmp_path / "rep"
     table = list(csv.DictReader((out / "table.csv").read_text().splitlines()))
     assert {"interactivity", "label", "throughput_per_gpu", "ratio_to_baseline"} <= set(table[0])
-    dflash_50 = [r["throughput_per_gpu"] for r in table if r["label"] == "dflash" and r["interactivity"] == "50.0"]
-    assert dflash_50 == ["n/a"]
+    dflash_50 = [(r["throughput_per_gpu"], r["basis"]) for r in table
+                 if r["label"] == "dflash" and r["interactivity"] == "50.0"]
+    assert dflash_50 == [("2400.0", "at_or_above")]
     data = json.loads((out / "table.json").read_text())
     assert data["baseline"] == "plain" and data["frontiers"]["dflash"][-1] == [300, 500]
     assert [120, 2400] in data["frontiers"]["dflash"] and [110, 2000] not in data["frontiers"]["dflash"]
@@ -104,7 +122,8 @@ def test_report_table_ratios_and_na(two_runs, tmp_path):
         assert (out / png).read_bytes()[:8] == PNG and (out / png).stat().st_size > 5000
         assert f"]({png})" in (out / "report.md").read_text()
     md = (out / "report.md").read_text()
-    assert f"| 50 | {rows[(50, 'plain')]['throughput_per_gpu']:.1f} | n/a |" in md
+    assert f"| 50 | {plain_50:.1f} | ≥ 2400.0 (≥ {2400 / plain_50:.2f}x) |" in md
+    assert "| 400 | n/a | n/a |" in md
     assert "aborted" in md  # a partial run is labelled as such
 
 
@@ -114,8 +133,10 @@ def test_report_cli_ratio_against_baseline(two_runs, tmp_path, capsys):
                  "--output", str(tmp_path / "r2"), "--interpolation", "linear"])
     assert code == 0
     row = {r["label"]: r for r in json.loads((tmp_path / "r2" / "table.json").read_text())["rows"]}
-    # dflash's frontier has no point at 100 tok/s/user (it starts at 120): n/a, not an extrapolation
-    assert row["dflash"]["throughput_per_gpu"] is None and row["plain"]["throughput_per_gpu"] == pytest.approx(200)
+    # dflash's frontier has no point at 100 tok/s/user (it starts at 120): its best point above, a lower bound
+    assert (row["dflash"]["throughput_per_gpu"], row["dflash"]["basis"]) == (2400, "at_or_above")
+    assert row["plain"]["throughput_per_gpu"] == pytest.approx(200)
+    assert row["dflash"]["ratio_to_baseline"] == pytest.approx(12)
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -40,10 +40,13 @@ def test_flags_win_over_the_preset(tmp_path):
     ("- 1\n- 2\n", "must hold a YAML mapping of sweep settings, got list"),
     ("isl: -3\n", "--isl must be a positive integer, got -3"),
     ("concurrency: [1, 2, 2]\n", "--concurrency: repeated value in '1,2,2'"),
+    ("dataset: 5\n", "--dataset must be a non-empty string, got 5"),
+    ("label: [a, b]\n", "--label must be a non-empty string, got ['a', 'b']"),
+    (b"isl: \xff\n", "preset .* is not valid YAML"),
 ])
 def test_bad_presets(tmp_path, text, needle):
     preset = tmp_path / "p.yaml"
-    preset.write_text(text)
+    preset.write_bytes(text if isinstance(text, bytes) else text.encode())
     with pytest.raises(DFlashError, match=needle.replace("[", r"\[")):
         SweepSpec.from_sources(str(preset), SERVER)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import DFlashError
-from .frontier import Point, interpolate, pareto_frontier
+from .frontier import AT_OR_ABOVE, ON_FRONTIER, Point, pareto_frontier, read_frontier
 from .results import MANIFEST, SUMMARY_JSON, csv_text, utc_now, write_atomic
 from .spec import ReportSpec
 
@@ -80,15 +80,17 @@ def load_runs(dirs: tuple[str, ...]) -> list[Run]:
 
 
 def headline(runs: list[Run], levels: tuple[float, ...], baseline: str, method: str) -> list[dict[str, Any]]:
-    """Throughput per GPU read off each run's frontier at each level; ratio to the baseline run's."""
-    values = {run.label: interpolate(run.frontier, levels, method) for run in runs}
+    """Throughput per GPU read off each run's frontier at each level, with how it was read (`basis`); ratio
+    to the baseline run's, only where the baseline's value is on its frontier (a lower bound over a lower
+    bound bounds nothing). A ratio is itself a lower bound when the run's value is."""
+    readings = {run.label: read_frontier(run.frontier, levels, method) for run in runs}
     rows = []
     for i, level in enumerate(levels):
-        base = values[baseline][i]
+        base, base_basis = readings[baseline][i]
         for run in runs:
-            value = values[run.label][i]
-            ratio = value / base if value is not None and base else None
-            rows.append({"interactivity": level, "label": run.label, "throughput_per_gpu": value,
+            value, basis = readings[run.label][i]
+            ratio = value / base if value is not None and base and base_basis == ON_FRONTIER else None
+            rows.append({"interactivity": level, "label": run.label, "throughput_per_gpu": value, "basis": basis,
                          "ratio_to_baseline": ratio})
     return rows
 
@@ -115,7 +117,9 @@ def write_table(out: Path, report: Report, runs: list[Run], spec: ReportSpec) ->
     shown = [{k: (NA if v is None else v) for k, v in row.items()} for row in report.rows]
     write_atomic(out / "table.csv", csv_text(shown))
     data = {"metric": "total-token throughput per GPU (tok/s/GPU) on the Pareto frontier, at median interactivity "
-                      "(tok/s/user); null: the run never reaches that interactivity",
+                      "(tok/s/user); basis 'frontier': read off the frontier (interpolated between measured points), "
+                      "'at_or_above': below the lowest measured interactivity, the best throughput measured at or "
+                      "above the level (a lower bound, as is its ratio); null: the run never reaches that interactivity",
             "interpolation": spec.interpolation, "baseline": report.baseline, "levels": list(spec.interactivity),
             "rows": report.rows, "frontiers": {r.label: r.frontier for r in runs},
             "runs": {r.label: str(r.dir) for r in runs}}
@@ -137,8 +141,9 @@ PLOTS = ["![frontier](frontier.png)", "![TTFT against throughput](ttft_vs_throug
 
 def markdown(report: Report, runs: list[Run], spec: ReportSpec) -> str:
     note = (f"tok/s/GPU read off each run's Pareto frontier ({spec.interpolation} interpolation, never "
-            f"extrapolated); in brackets the ratio to `{report.baseline}`; {NA}: the run never reaches that "
-            "interactivity.")
+            f"extrapolated); ≥: below the run's lowest measured interactivity, the best throughput it measured at "
+            f"or above the level (a lower bound, not interpolated); in brackets the ratio to `{report.baseline}`; "
+            f"{NA}: the run never reaches that interactivity.")
     sections = [
         ["# dflash-bench report", f"Generated {utc_now()} from {len(runs)} run(s). {INTRO}"],
         ["## Runs", runs_table(runs)],
@@ -165,10 +170,11 @@ def headline_table(report: Report, runs: list[Run]) -> str:
              "|---" * (len(labels) + 1) + "|"]
     by_level: dict[float, list[str]] = {}
     for row in report.rows:
-        cell = fmt(row["throughput_per_gpu"])
+        bound = "≥ " if row["basis"] == AT_OR_ABOVE else ""
+        cell = bound + fmt(row["throughput_per_gpu"])
         if row["label"] != report.baseline and row["throughput_per_gpu"] is not None:
             ratio = row["ratio_to_baseline"]
-            cell += f" ({NA if ratio is None else format(ratio, '.2f') + 'x'})"
+            cell += f" ({NA if ratio is None else bound + format(ratio, '.2f') + 'x'})"
         by_level.setdefault(row["interactivity"], []).append(cell)
     lines += [f"| {level:g} | " + " | ".join(cells) + " |" for level, cells in by_level.items()]
     return "\n".join(lines)

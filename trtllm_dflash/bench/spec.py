@@ -87,6 +87,10 @@ class SweepSpec:
             raise DFlashError(f"--isl-range must be in (0, 1], got {self.isl_range!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
             raise DFlashError(f"--temperature must be >= 0, got {self.temperature!r}")
+        for name in ("dataset", "tokenizer", "label", "output", "metrics_url"):  # a preset may hold any YAML type
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise DFlashError(f"--{_flag(name)} must be a non-empty string, got {value!r}")
         if self.dataset is not None and not Path(self.dataset).is_file():
             raise DFlashError(f"--dataset: no such file: {self.dataset}")
 
