@@ -118,8 +118,10 @@ def test_trtllm_engine_options_and_published_drafter_layout(pairs, tmp_path):
                  "--block-size", 6, "--max-seq-len", 256) == 0
     options = yaml.safe_load((out / "llm_options.yaml").read_text())
     assert check_options(options) == []  # every key and value TorchLlmArgs accepts, nothing deprecated
-    assert options["speculative_config"] == {"decoding_type": "DFlash", "max_draft_len": 5,
-                                             "speculative_model": str(out / "drafter")}
+    # the drafter path is relative to the engine (it can move); ids and mask are the drafter's; no GPU here: VANILLA
+    assert options["speculative_config"] == {"decoding_type": "DFlash", "max_draft_len": 5, "speculative_model": "drafter",
+                                             "mask_token_id": 95, "target_layer_ids": [1, 1],
+                                             "attention_backend": "VANILLA"}
     assert options["tensor_parallel_size"] == 2 and options["max_seq_len"] == 256
     cfg = json.loads((out / "drafter" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and "dflash_config" in cfg

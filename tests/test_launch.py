@@ -17,6 +17,9 @@ SERVER = ("/opt/tritonserver/bin/tritonserver --model-repository /data/repo "
 TORCH_SERVE = ("dflash-serve /data/engines/qwen3-8b --model-repo {repo} --model-name dflash --decoding dflash "
                "--max-queue 256 --host 0.0.0.0 --http-port 8000 --grpc-port 8001 --metrics-port 8002")
 PATH = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+# trtllm scripts first rewrite the repository where they run, for the engine at $ENGINE_DIR
+REGEN = ("dflash-serve /data/engines/qwen3-8b --model-repo /data/repo --model-name dflash --decoding dflash "
+         "--repository-only")
 
 
 def scripts(tmp_path, backend, layout, tp, **kw) -> Path:
@@ -59,13 +62,15 @@ def test_every_script_is_valid_bash(tmp_path, backend, layout, tp):
 def test_trtllm_one_node_8_gpus(tmp_path):
     out = scripts(tmp_path, "trtllm", "1x8", 8)
     assert dry(out / "launch_single_node.sh") == [
-        f"bash {out}/copy_llmapi_model.sh /data/repo/dflash/1",
+        REGEN, f"bash {out}/copy_llmapi_model.sh /data/repo/dflash/1",
         f"mpirun --allow-run-as-root -n 8 trtllm-llmapi-launch {SERVER}"]
+    assert dry(out / "launch_single_node.sh", ENGINE_DIR="/mnt/moved")[0] == REGEN.replace(str(ENGINE), "/mnt/moved")
     container = f"--container-image=trtllm-dflash:trtllm --container-mounts={default_mounts(out)}"
     assert sbatch_lines(out / "launch_slurm.sbatch") == [
         "#SBATCH --job-name=dflash-serve", "#SBATCH --nodes=1", "#SBATCH --ntasks-per-node=8",
         "#SBATCH --gpus-per-node=8", "#SBATCH --exclusive"]
     assert dry(out / "launch_slurm.sbatch") == [
+        f"srun --nodes=1 --ntasks=1 {container} {REGEN}",
         f"srun --nodes=1 --ntasks=1 {container} bash {out}/copy_llmapi_model.sh /data/repo/dflash/1",
         f"srun --nodes=1 --ntasks-per-node=8 --mpi=pmix {container} trtllm-llmapi-launch {SERVER}"]
 
@@ -76,9 +81,9 @@ def test_trtllm_two_nodes_one_tp16_group(tmp_path):
     assert sbatch_lines(out / "launch_slurm.sbatch")[1:4] == [
         "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=8", "#SBATCH --gpus-per-node=8"]
     container = f"--container-image=trtllm-dflash:trtllm --container-mounts={default_mounts(out)}"
-    assert dry(out / "launch_slurm.sbatch")[1] == (
+    assert dry(out / "launch_slurm.sbatch")[2] == (
         f"srun --nodes=2 --ntasks-per-node=8 --mpi=pmix {container} trtllm-llmapi-launch {SERVER}")
-    assert dry(out / "launch_single_node.sh")[1] == f"mpirun --allow-run-as-root -n 16 trtllm-llmapi-launch {SERVER}"
+    assert dry(out / "launch_single_node.sh")[2] == f"mpirun --allow-run-as-root -n 16 trtllm-llmapi-launch {SERVER}"
 
 
 def test_trtllm_two_nodes_two_replicas(tmp_path):
@@ -86,6 +91,7 @@ def test_trtllm_two_nodes_two_replicas(tmp_path):
     out = scripts(tmp_path, "trtllm", "2x8", 8)
     container = "--container-image=/shared/trtllm.sqsh --container-mounts=/lustre:/lustre"
     assert dry(out / "launch_slurm.sbatch", IMAGE="/shared/trtllm.sqsh", MOUNTS="/lustre:/lustre") == [
+        f"srun --nodes=1 --ntasks=1 {container} {REGEN}",
         f"srun --nodes=1 --ntasks=1 {container} bash {out}/copy_llmapi_model.sh /data/repo/dflash/1",
         f"srun --nodes=1 --ntasks=8 --relative=0 --mpi=pmix {container} trtllm-llmapi-launch {SERVER} &",
         f"srun --nodes=1 --ntasks=8 --relative=1 --mpi=pmix {container} trtllm-llmapi-launch {SERVER} &"]
@@ -343,10 +349,13 @@ def test_print_launch_trtllm_group_across_nodes(engines, tmp_path, capsys):
     server = (f"/opt/tritonserver/bin/tritonserver --model-repository {repo} --http-port 9000 --grpc-port 8001 "
               "--metrics-port 8002")
     container = "--container-image=/shared/t.sqsh --container-mounts=/shared:/shared"
+    regen = (f"dflash-serve {engines['trtllm']} --model-repo {repo} --model-name dflash --decoding dflash "
+             "--repository-only")
     assert dry(launch / "launch_slurm.sbatch") == [
+        f"srun --nodes=1 --ntasks=1 {container} {regen}",
         f"srun --nodes=1 --ntasks=1 {container} bash {launch}/copy_llmapi_model.sh {repo}/dflash/1",
         f"srun --nodes=2 --ntasks-per-node=1 --mpi=pmix {container} trtllm-llmapi-launch {server}"]
-    assert dry(launch / "launch_single_node.sh")[1] == f"mpirun --allow-run-as-root -n 2 trtllm-llmapi-launch {server}"
+    assert dry(launch / "launch_single_node.sh")[2] == f"mpirun --allow-run-as-root -n 2 trtllm-llmapi-launch {server}"
 
 
 def test_trtllm_repository_carries_scripts_for_nodes(engines, tmp_path, capsys):
@@ -357,6 +366,7 @@ def test_trtllm_repository_carries_scripts_for_nodes(engines, tmp_path, capsys):
     assert sbatch_lines(repo / "launch_slurm.sbatch")[1:4] == [
         "#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=1", "#SBATCH --gpus-per-node=1"]
     assert dry(repo / "launch_single_node.sh") == [
+        f"dflash-serve {engines['trtllm']} --model-repo {repo} --model-name dflash --decoding dflash --repository-only",
         f"bash {repo}/copy_llmapi_model.sh {repo}/dflash/1",
         f"mpirun --allow-run-as-root -n 2 trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver "
         f"--model-repository {repo} --http-port 8000 --grpc-port 8001 --metrics-port 8002"]

@@ -4,8 +4,10 @@ trtllm-serve command (facts from TensorRT-LLM's serve.py and openai_server.py, c
 import json
 import os
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
 pytest.importorskip("pydantic")
 
@@ -127,7 +129,9 @@ def test_trtllm_engines_get_trtllm_serve_under_the_same_model_name(builtin, tmp_
     line = next(x for x in err if x.startswith("OpenAI API (TensorRT-LLM): "))
     assert line.split(": ", 1)[1].split() == [
         "trtllm-serve", str(link), "--backend", "pytorch", "--tp_size", "2", "--config",
-        str(engine / "llm_options.yaml"), "--host", "127.0.0.1", "--port", "9100"]
+        f"{link}.llm_options.yaml", "--host", "127.0.0.1", "--port", "9100"]
+    options = yaml.safe_load(Path(f"{link}.llm_options.yaml").read_text())  # absolute: trtllm-serve runs anywhere
+    assert options["speculative_config"]["speculative_model"] == str(engine / "drafter")
     assert link.resolve() == (engine / "target").resolve()  # trtllm-serve serves it as model 'mymodel'
     assert err[-1] == ("dflash-serve: error: trtllm-serve is not on PATH: run the command above inside the "
                        "TensorRT-LLM container (it serves the OpenAI API of trtllm engines)")

@@ -1,16 +1,144 @@
-"""`trtllm` engines: what TensorRT-LLM's DFlash reads is written explicitly (facts from NVIDIA/TensorRT-LLM@58ae162a)."""
+"""`trtllm` engines: what TensorRT-LLM's DFlash reads, the seeds' target families, the options and memory plan.
+
+Facts checked here come from NVIDIA/TensorRT-LLM@58ae162a (cited where the code encodes them). TensorRT-LLM
+itself cannot run here: the engines are checked against its field table and rules, not served by it.
+"""
 
 import hashlib
 import json
+import shutil
 
 import pytest
+import torch
+import yaml
+from safetensors.torch import save_file
 
-from tiny_models import add_tokenizer, drafter_config, drafter_weights, make_hf_target, write_drafter
+from tiny_models import VOCAB, add_tokenizer, drafter_config, drafter_weights, make_hf_target, write_drafter
+from trtllm_dflash.builder.manifest import Manifest
+from trtllm_dflash.builder.trtllm_fields import check_options
 from trtllm_dflash.cli.build import main as build_main
+
+TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=8, max_position_embeddings=512, tie_word_embeddings=False)
+HYBRID = dict(layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+              linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8)
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "rope_theta": 10000.0}
 
 
 def build(*args) -> int:
     return build_main([str(a) for a in args])
+
+
+def options_of(engine) -> dict:
+    return yaml.safe_load((engine / "llm_options.yaml").read_text())
+
+
+def save_causal(path, config):
+    """A random model of `config` saved by transformers, plus a tokenizer."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return add_tokenizer(path)
+
+
+def save_multimodal(path, config, text_config):
+    """A published multimodal layout (config with text_config, language model under model.language_model.*).
+    The weights are the text model's: the vision tower is left out to keep the test fast, and a trtllm build
+    copies target weights without reading them."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    state = AutoModelForCausalLM.from_config(text_config).state_dict()
+    path.mkdir(parents=True)
+    save_file({k.replace("model.", "model.language_model.", 1): v.contiguous() for k, v in state.items()},
+              str(path / "model.safetensors"))
+    data = config.to_dict()
+    data["architectures"] = [type(config).__name__.replace("Config", "ForConditionalGeneration")]
+    (path / "config.json").write_text(json.dumps(data))
+    return add_tokenizer(path)
+
+
+def family_target(root, family):
+    from transformers import (GptOssConfig, LlamaConfig, Qwen3_5Config, Qwen3_5MoeConfig, Qwen3_5MoeTextConfig,
+                              Qwen3_5TextConfig, Qwen3Config, Qwen3MoeConfig)
+
+    path = root / family
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
+    if family == "gpt_oss":
+        return save_causal(path, GptOssConfig(**{**TEXT, "intermediate_size": 32}, num_local_experts=4,
+                                              num_experts_per_tok=2, sliding_window=16,
+                                              rope_parameters={**YARN, "beta_fast": 32.0, "beta_slow": 1.0}))
+    if family == "qwen3_moe":
+        return save_causal(path, Qwen3MoeConfig(**TEXT, **moe))
+    if family in ("qwen3_yarn", "llama_yarn"):
+        cls = Qwen3Config if family == "qwen3_yarn" else LlamaConfig
+        return save_causal(path, cls(**TEXT, rope_parameters=YARN))
+    if family == "qwen3_5_text":
+        return save_causal(path, Qwen3_5TextConfig(**TEXT, **HYBRID))
+    text = Qwen3_5TextConfig(**TEXT, **HYBRID) if family == "qwen3_5" else Qwen3_5MoeTextConfig(**TEXT, **HYBRID, **moe)
+    cls = Qwen3_5Config if family == "qwen3_5" else Qwen3_5MoeConfig
+    vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4)
+    return save_multimodal(path, cls(text_config=text.to_dict(), vision_config=vision), text)
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory):
+    return write_drafter(tmp_path_factory.mktemp("drafter") / "d", drafter_config(), seed=3)
+
+
+# model_type, architecture TensorRT-LLM names, KV-cache layers, MoE, upstream DFlash status
+FAMILIES = [("gpt_oss", "gpt_oss", "GptOssForCausalLM", 4, True, "supported"),
+            ("qwen3_5_text", "qwen3_5_text", "Qwen3_5ForCausalLM", 1, False, "tested"),
+            ("qwen3_5", "qwen3_5", "Qwen3_5ForConditionalGeneration", 1, False, "tested"),
+            ("qwen3_5_moe", "qwen3_5_moe", "Qwen3_5MoeForConditionalGeneration", 1, True, "tested"),
+            ("qwen3_moe", "qwen3_moe", "Qwen3MoeForCausalLM", 4, True, "untested"),
+            ("qwen3_yarn", "qwen3", "Qwen3ForCausalLM", 4, False, "tested"),
+            ("llama_yarn", "llama", "LlamaForCausalLM", 4, False, "tested")]
+
+
+@pytest.mark.parametrize("family, model_type, architecture, kv_layers, moe, status", FAMILIES)
+def test_every_accepted_family_builds(tmp_path, capsys, drafter, family, model_type, architecture, kv_layers, moe,
+                                      status):
+    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
+
+    target = family_target(tmp_path, family)
+    parsed = TrtllmTarget.from_dict(json.loads((target / "config.json").read_text()), "t")
+    assert (parsed.model_type, parsed.architecture, parsed.kv_layers, parsed.moe, parsed.status) == (
+        model_type, architecture, kv_layers, moe, status)
+    out = tmp_path / "engine"
+    capsys.readouterr()
+    assert build("--target", target, "--drafter", drafter, "--output", out, "--backend", "trtllm",
+                 "--gpu", "b200") == 0
+    stderr = capsys.readouterr().err
+    options = options_of(out)
+    assert check_options(options) == []
+    assert ("moe_config" in options) == moe
+    if family == "gpt_oss":  # TensorRT-LLM's GPT-OSS guide: TRTLLM MoE backend on Blackwell
+        assert options["moe_config"] == {"backend": "TRTLLM"}
+    assert options["speculative_config"]["attention_backend"] == "TRTLLM"  # SM100
+    assert options["kv_cache_config"]["enable_block_reuse"] is False
+    engine_drafter = json.loads((out / "drafter" / "config.json").read_text())["dflash_config"]
+    assert engine_drafter["target_layer_ids"] == options["speculative_config"]["target_layer_ids"] == [1, 1]
+    assert ("upstream has not tested DFlash" in stderr) == (status == "untested")
+    assert Manifest.read(out).target["num_hidden_layers"] == 4  # text_config read for multimodal layouts
+    assert build_main(["verify", str(out)]) == 0
+
+
+@pytest.mark.parametrize("model_type, needle", [
+    ("qwen3_next", "Qwen3NextForCausalLM (qwen3_next) has no DFlash in TensorRT-LLM"),
+    ("mamba", "model_type 'mamba' is not a TensorRT-LLM DFlash target this tool knows"),
+])
+def test_refused_targets(tmp_path, capsys, drafter, model_type, needle):
+    make_hf_target(tmp_path / "t", "qwen3")  # then relabelled
+    add_tokenizer(tmp_path / "t")
+    cfg = json.loads((tmp_path / "t" / "config.json").read_text())
+    (tmp_path / "t" / "config.json").write_text(json.dumps({**cfg, "model_type": model_type}))
+    capsys.readouterr()
+    assert build("--target", tmp_path / "t", "--drafter", drafter, "--output", tmp_path / "e", "--backend",
+                 "trtllm") == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and needle in err[0], err
 
 
 @pytest.fixture(scope="module")
@@ -41,4 +169,191 @@ def test_engine_drafter_config_states_layer_ids_and_mask(target8, tmp_path, layo
     written = json.loads((tmp_path / "e" / "drafter" / "config.json").read_text())
     # reference default for an 8-layer target and a 2-layer drafter: round(1 + i * (8 - 4) / (2 - 1)) -> [1, 5]
     assert written["dflash_config"] == {"target_layer_ids": [1, 5], "mask_token_id": mask, "block_size": 8}
+    assert options_of(tmp_path / "e")["speculative_config"]["target_layer_ids"] == [1, 5]
     assert sha(drafter / "config.json") == before  # the user's file is untouched
+
+
+@pytest.fixture(scope="module")
+def qwen3_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pair")
+    make_hf_target(root / "t", "qwen3", seed=7)
+    return add_tokenizer(root / "t"), write_drafter(root / "d", drafter_config(), seed=8)
+
+
+def test_pass_through_options_land_and_owned_keys_are_refused(qwen3_pair, tmp_path, capsys):
+    target, drafter = qwen3_pair
+    cfg = tmp_path / "build.yaml"
+    cfg.write_text(yaml.safe_dump({"llm_options": {"kv_cache_config": {"host_cache_size": 1024},
+                                                   "stream_interval": 4}}))
+    assert build("--config", cfg, "--target", target, "--drafter", drafter, "--output", tmp_path / "e",
+                 "--backend", "trtllm", "--llm-option", "scheduler_config.capacity_scheduler_policy=MAX_UTILIZATION",
+                 "--llm-option", "stream_interval=8") == 0
+    options = options_of(tmp_path / "e")
+    assert options["kv_cache_config"]["host_cache_size"] == 1024 and options["stream_interval"] == 8  # flag wins
+    assert options["kv_cache_config"]["enable_block_reuse"] is False  # the build's keys beside the user's
+    assert options["scheduler_config"] == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
+    for option, needle in [("kv_cache_config.enable_block_resue=true",
+                            "did you mean 'kv_cache_config.enable_block_reuse'"),
+                           ("max_batch_size=8", "'max_batch_size' is set by the build (--max-batch-size)"),
+                           ("speculative_config.attention_backend=FA4", "(--dflash-attention-backend)"),
+                           ("stream_interval=0", "'stream_interval' must be PositiveInt, got 0"),
+                           ("novalue", "--llm-option must be KEY[.SUB...]=VALUE")]:
+        capsys.readouterr()
+        assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "x", "--backend", "trtllm",
+                     "--llm-option", option) == 2
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and needle in err[0], err
+        assert not (tmp_path / "x").exists()
+
+
+def test_performance_options_and_their_warnings(qwen3_pair, tmp_path, capsys):
+    target, drafter = qwen3_pair
+    schedule = tmp_path / "schedule.yaml"
+    schedule.write_text("schedule: {1: 7, 8: 3, 32: 1}\nsource: test\n")
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "e", "--backend", "trtllm",
+                 "--gpu", "h100", "--draft-len-schedule", schedule, "--kv-cache-dtype", "nvfp4",
+                 "--rejection-sampling", "--chunked-prefill", "--cuda-graph-batch-sizes", "1,2,4,8",
+                 "--llm-option", "kv_cache_config.enable_block_reuse=true") == 0
+    err = capsys.readouterr().err
+    options = options_of(tmp_path / "e")
+    speculative = options["speculative_config"]
+    assert speculative["draft_len_schedule"] == {1: 7, 8: 3, 32: 1} and speculative["use_rejection_sampling"]
+    assert speculative["attention_backend"] == "VANILLA"  # SM90: TRTLLM needs SM100/103, FA4 only on request
+    assert options["kv_cache_config"]["dtype"] == "nvfp4" and options["enable_chunked_prefill"] is True
+    assert options["cuda_graph_config"] == {"enable_padding": True, "batch_sizes": [1, 2, 4, 8]}
+    assert "--kv-cache-dtype nvfp4 need Blackwell (SM100+) GPUs; the target GPU is SM90" in err
+    assert "a reused prefix never reaches the DFlash drafter's context" in err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("schedule: {1: 5}\n")
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "x", "--backend", "trtllm",
+                 "--draft-len-schedule", bad) == 2
+    assert "smallest batch size 1 must map to max_draft_len 7" in capsys.readouterr().err
+
+
+def test_torch_builds_refuse_trtllm_only_settings(qwen3_pair, tmp_path, capsys):
+    target, drafter = qwen3_pair
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "e", "--gpu", "b200") == 2
+    assert "build spec: 'gpu' is only used with backend 'trtllm'" in capsys.readouterr().err
+
+
+# ---- the memory plan: Qwen3-8B and its published DFlash drafter (configs only) ------------------------------
+
+QWEN3_8B = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 4096,
+            "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
+            "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960}
+QWEN3_8B_DRAFTER = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 4096,
+                    "intermediate_size": 12288, "num_hidden_layers": 5, "num_attention_heads": 32,
+                    "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+                    "vocab_size": 151936, "max_position_embeddings": 40960, "block_size": 16,
+                    "num_target_layers": 36,
+                    "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}}
+GIB = 2 ** 30
+
+
+def qwen3_8b_inputs(max_seq_len, **kw):
+    from trtllm_dflash.builder.trtllm_memory import MemoryInputs
+    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
+    from trtllm_dflash.config import DrafterConfig
+
+    target = TrtllmTarget.from_dict(QWEN3_8B, "Qwen3-8B")
+    drafter = DrafterConfig.from_dict(QWEN3_8B_DRAFTER, "Qwen3-8B-DFlash-b16")
+    # parameters by hand: per target layer q,o 4096x4096, k,v 4096x1024, q/k norms 128, MLP 3x4096x12288, 2 norms;
+    # embeddings and (untied) lm_head 151936x4096, final norm. Drafter: 5 such layers, fc 20480->4096, 2 norms.
+    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 2 * 128 + 3 * 4096 * 12288 + 2 * 4096
+    target_params = 36 * layer + 2 * 151936 * 4096 + 4096
+    drafter_params = 5 * layer + 5 * 4096 * 4096 + 2 * 4096
+    assert (target_params, drafter_params) == (8_190_735_360, 1_048_626_432)
+    args = dict(tp=1, max_batch_size=64, max_seq_len=max_seq_len, max_num_tokens=8192, max_draft_len=15,
+                attention_backend="VANILLA", weight_bytes=2 * (target_params + drafter_params),
+                target_kv_layers=target.kv_layers, target_kv_heads=target.num_key_value_heads,
+                target_head_dim=target.head_dim, kv_itemsize=2, hidden_size=target.hidden_size,
+                num_capture_layers=len(drafter.target_layer_ids), drafter_layers=drafter.num_hidden_layers,
+                drafter_kv_heads=drafter.num_key_value_heads, drafter_head_dim=drafter.head_dim,
+                drafter_max_positions=drafter.max_position_embeddings, itemsize=2, budget_gib=80)
+    return MemoryInputs(**{**args, **kw})
+
+
+def test_memory_plan_equals_the_hand_computation_for_qwen3_8b():
+    from trtllm_dflash.builder.trtllm_memory import plan_memory
+
+    plan = plan_memory(qwen3_8b_inputs(8192))
+    weights = 2 * (8_190_735_360 + 1_048_626_432)                # 18 478 723 584 B, 17.21 GiB
+    arena = (64 + 1) * 5 * (8192 + 15 + 1) * 2 * 8 * 128 * 2      # slots x layers x capacity x K,V x heads x dim x bf16
+    capture = 8192 * 4096 * 5 * 2                                 # max_num_tokens x hidden x 5 captured layers x bf16
+    free = 80 * GIB - weights
+    fraction = int((0.85 - (arena + capture) / free) * 100) / 100  # the pool leaves room for what comes after it
+    assert (plan.weights, plan.arena, plan.capture, plan.budget) == (weights, arena, capture, 80 * GIB)
+    assert arena == 10_926_489_600 and fraction == 0.68 and plan.fraction == fraction
+    assert plan.kv_bytes_per_token == 36 * 2 * 8 * 128 * 2 == 147_456
+    assert plan.kv_pool == int(0.68 * free) and plan.kv_tokens == int(0.68 * free) // 147_456
+    paged = plan_memory(qwen3_8b_inputs(8192, attention_backend="TRTLLM")).arena
+    assert paged == 65 * 5 * 8224 * 2 * 8 * 128 * 2  # 8208 tokens rounded up to 32-token pages
+    assert plan_memory(qwen3_8b_inputs(8192, tp=8)).arena == arena // 8  # 1 KV head per rank
+
+
+def test_memory_plan_refuses_what_cannot_fit():
+    from trtllm_dflash.builder.trtllm_memory import plan_memory
+    from trtllm_dflash.errors import DFlashError
+
+    # the old default max_seq_len = max_position_embeddings 40960: a 50.8 GiB arena at batch 64
+    with pytest.raises(DFlashError, match=r"DFlash context arena \(50.80 GiB per GPU.*leaves less than 10%"):
+        plan_memory(qwen3_8b_inputs(40960))
+    with pytest.raises(DFlashError, match=r"exceed the 40 GiB budget"):
+        plan_memory(qwen3_8b_inputs(40960, budget_gib=40))
+    plan = plan_memory(qwen3_8b_inputs(8192, fraction=0.9))
+    assert plan.fraction == 0.9 and "expect out-of-memory at the first request" in plan.warning
+
+
+def test_checkpoint_bytes_match_the_model_parameters(tmp_path):
+    """Weights are counted from the safetensors headers: the same as transformers' parameter count."""
+    from trtllm_dflash.builder.trtllm_memory import checkpoint_bytes
+
+    model = make_hf_target(tmp_path / "t", "qwen3")
+    params = sum(p.numel() for p in model.parameters())
+    assert checkpoint_bytes(tmp_path / "t", 2) == 2 * params
+    linear = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n
+                 and "lm_head" not in n)
+    assert checkpoint_bytes(tmp_path / "t", 2, 1.0) == 2 * params - linear  # fp8 linear weights: 1 byte
+
+
+# ---- serving a moved engine ----------------------------------------------------------------------------------
+
+def test_a_moved_engine_serves(qwen3_pair, tmp_path, capsys):
+    import subprocess
+    import sys
+
+    from trtllm_dflash.cli.serve import main as serve_main
+    from trtllm_dflash.serve.repository import validate_pbtxt
+
+    target, drafter = qwen3_pair
+    built = tmp_path / "built"
+    assert build("--target", target, "--drafter", drafter, "--output", built, "--backend", "trtllm",
+                 "--max-batch-size", 16, "--cuda-graph-batch-sizes", "1,4,16") == 0
+    moved = tmp_path / "mnt" / "engine"
+    moved.parent.mkdir()
+    shutil.move(built, moved)
+    assert build_main(["verify", str(moved)]) == 0
+    repo = tmp_path / "repo"
+    assert serve_main([str(moved), "--model-repo", str(repo), "--write-only", "--max-batch-size", "8"]) == 0
+    model_yaml = yaml.safe_load((repo / "dflash" / "1" / "model.yaml").read_text())
+    assert model_yaml["model"] == str(moved / "target")
+    assert model_yaml["speculative_config"]["speculative_model"] == str(moved / "drafter")
+    assert (moved / "drafter" / "config.json").is_file() and (moved / "target" / "config.json").is_file()
+    assert model_yaml["max_batch_size"] == 8 and model_yaml["cuda_graph_config"]["batch_sizes"] == [1, 4]
+    assert model_yaml["triton_config"] == {"max_batch_size": 0, "decoupled": True}
+    assert check_options({k: v for k, v in model_yaml.items() if k not in ("model", "triton_config")}) == []
+    pbtxt = validate_pbtxt((repo / "dflash" / "config.pbtxt").read_text())
+    names = {i.name for i in pbtxt.input} | {o.name for o in pbtxt.output}
+    assert {"stop", "return_stop_reason", "lora_id", "kv_cache_hit_rate", "first_scheduled_time_ns"} <= names
+    assert not pbtxt.HasField("model_transaction_policy")  # batching and decoupled come from model.yaml
+    # the launch script rewrites the repository where it runs, for the engine wherever ENGINE_DIR says
+    proc = subprocess.run(["bash", str(repo / "launch_single_node.sh")], capture_output=True, text=True,
+                          env={"PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin", "DRY_RUN": "1",
+                               "ENGINE_DIR": "/elsewhere/engine"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == (f"dflash-serve /elsewhere/engine --model-repo {repo} --model-name dflash "
+                                           "--decoding dflash --max-batch-size 8 --repository-only")
+    capsys.readouterr()
+    assert serve_main([str(moved), "--model-repo", str(tmp_path / "r2"), "--repository-only",
+                       "--max-batch-size", "32"]) == 2
+    assert "--max-batch-size 32 exceeds the engine's max_batch_size 16" in capsys.readouterr().err

@@ -76,6 +76,15 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
         raise DFlashError(f"corrupt safetensors file {path}: {str(exc).splitlines()[0]}") from None
 
 
+def tensor_specs(path: Path) -> dict[str, tuple[str, list[int]]]:
+    """{name: (safetensors dtype such as 'BF16', shape)} from a file's header alone (no tensor is read)."""
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            return {name: (f.get_slice(name).get_dtype(), f.get_slice(name).get_shape()) for name in f.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise DFlashError(f"corrupt safetensors file {path}: {str(exc).splitlines()[0]}") from None
+
+
 def read_json(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}

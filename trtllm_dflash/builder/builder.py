@@ -19,6 +19,7 @@ from .manifest import Manifest, sha256_json
 from .output import building, check_output, publish
 from .spec import BuildSpec
 
+TRTLLM_DEFAULT_MAX_SEQ_LEN = 8192
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                    "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
 
@@ -29,7 +30,7 @@ class BuildPlan:
 
     spec: BuildSpec
     target_dir: Path
-    target: TargetConfig
+    target: TargetConfig  # a TrtllmTarget for the trtllm backend
     target_json: dict
     drafter_checkpoint: DrafterCheckpoint  # either format; its layout is z-lab's
     block_size: int
@@ -53,24 +54,46 @@ class BuildPlan:
 def plan_build(spec: BuildSpec) -> BuildPlan:
     target_dir, drafter_dir = resolve_model_dir(spec.target), resolve_model_dir(spec.drafter)
     target_json, checkpoint = read_config_json(target_dir), read_drafter(drafter_dir)
-    target = TargetConfig.from_dict(target_json, str(target_dir / "config.json"))
+    target = parse_target(spec.backend, target_json, str(target_dir / "config.json"))
     drafter = checkpoint.config
     validate_pair(target, drafter)
     block = check_block_size(spec.block_size or drafter.block_size, drafter.block_size)
-    max_seq_len = spec.max_seq_len or target.max_position_embeddings
+    max_seq_len = spec.max_seq_len or default_max_seq_len(spec.backend, target, drafter)
     for name, limit in (("target", target.max_position_embeddings), ("drafter", drafter.max_position_embeddings)):
         if max_seq_len > limit:
             raise DFlashError(f"max_seq_len {max_seq_len} exceeds the {name}'s max_position_embeddings {limit}")
-    for name, cfg in (("target", target), ("drafter", drafter)):
-        check_divisible(name, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, spec.tp)
-    if target.linear_attention is not None:
-        check_linear_heads(target.linear_attention.num_k_heads, target.linear_attention.num_v_heads, spec.tp)
+    if isinstance(target, TargetConfig):
+        check_divisible("target", target.num_attention_heads, target.num_key_value_heads, target.intermediate_size,
+                        spec.tp)
+        if target.linear_attention is not None:
+            check_linear_heads(target.linear_attention.num_k_heads, target.linear_attention.num_v_heads, spec.tp)
+    else:
+        target.check_tp(spec.tp)
+    check_divisible("drafter", drafter.num_attention_heads, drafter.num_key_value_heads, drafter.intermediate_size,
+                    spec.tp)
     if not any((target_dir / f).is_file() for f in TOKENIZER_FILES):
         raise DFlashError(f"the target in {target_dir} has no tokenizer (expected one of tokenizer.json, "
                           "tokenizer_config.json, tokenizer.model)")
     weight_files(target_dir), weight_files(drafter_dir)  # present, or a clear error now
     return BuildPlan(spec, target_dir, target, target_json, checkpoint, block, max_seq_len,
                      Path(spec.output).expanduser().absolute())
+
+
+def parse_target(backend: str, data: dict, source: str):
+    """The torch runtime's own model list, or what TensorRT-LLM's DFlash runs (builder/trtllm_targets.py)."""
+    if backend == "torch":
+        return TargetConfig.from_dict(data, source)
+    from .trtllm_targets import TrtllmTarget
+
+    return TrtllmTarget.from_dict(data, source)
+
+
+def default_max_seq_len(backend: str, target, drafter: DrafterConfig) -> int:
+    """torch: the target's max_position_embeddings. trtllm: at most TRTLLM_DEFAULT_MAX_SEQ_LEN, because
+    TensorRT-LLM's DFlash context arena is dense in max_seq_len (builder/trtllm_memory.py)."""
+    if backend == "torch":
+        return target.max_position_embeddings
+    return min(target.max_position_embeddings, drafter.max_position_embeddings, TRTLLM_DEFAULT_MAX_SEQ_LEN)
 
 
 def build_engine(spec: BuildSpec, command: str) -> Path:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ..errors import DFlashError
-from ..settings_file import read_settings
 from ..loading import DTYPES
+from ..settings_file import read_settings
 
 BACKENDS = ("torch", "trtllm")
 QUANTS = ("none", "fp8", "nvfp4")
+# settings only a trtllm build reads, with their defaults (a torch build refuses them rather than ignore them)
+TRTLLM_ONLY = {"gpu": None, "gpu_memory_gib": 80.0, "dflash_attention_backend": None, "moe_backend": None,
+               "kv_cache_dtype": "auto", "draft_len_schedule": None, "rejection_sampling": False,
+               "chunked_prefill": False, "cuda_graph_batch_sizes": None, "llm_options": {}}
 
 
 @dataclass(frozen=True)
@@ -25,9 +29,20 @@ class BuildSpec:
     calib: str | None = None  # JSONL of prompts for quantization; default: a small built-in set
     block_size: int | None = None  # default: the drafter's trained block_size
     max_batch_size: int = 64
-    max_seq_len: int | None = None  # default: the target's max_position_embeddings
+    max_seq_len: int | None = None  # default: torch, the target's max_position_embeddings; trtllm, at most 8192
     max_num_tokens: int = 8192
     force: bool = False
+    # trtllm only
+    gpu: str | None = None  # b200, b300, h100, h200, ...: picks attention/MoE backends; default: the build host's
+    gpu_memory_gib: float = 80.0  # per GPU: weights + DFlash arena must fit
+    dflash_attention_backend: str | None = None  # VANILLA | TRTLLM | FA4; default: from the GPU
+    moe_backend: str | None = None  # moe_config.backend; default: from the target and GPU
+    kv_cache_dtype: str = "auto"  # auto | fp8 | nvfp4
+    draft_len_schedule: str | None = None  # a draft-length schedule file (trtllm_dflash/draft_len_schedule.py)
+    rejection_sampling: bool = False  # speculative_config.use_rejection_sampling (T > 0; upstream prototype)
+    chunked_prefill: bool = False
+    cuda_graph_batch_sizes: list[int] | None = None
+    llm_options: dict = field(default_factory=dict)  # any other TensorRT-LLM option, checked against its table
 
     def __post_init__(self):
         for name in ("target", "drafter", "output"):
@@ -37,9 +52,7 @@ class BuildSpec:
         _choice("dtype", self.dtype, tuple(DTYPES))
         _choice("quant", self.quant, QUANTS)
         for name in ("tp", "max_batch_size", "max_num_tokens", "block_size", "max_seq_len"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-                raise DFlashError(f"build spec: '{name}' must be a positive integer, got {value!r}")
+            _positive_int(name, getattr(self, name))
         if not isinstance(self.force, bool):  # YAML `force: "no"` is a string, not false
             raise DFlashError(f"build spec: 'force' must be true or false, got {self.force!r}")
         if self.calib is not None and (not isinstance(self.calib, str) or not self.calib):
@@ -49,15 +62,61 @@ class BuildSpec:
                               "unquantized weights)")
         if self.calib is not None and self.quant == "none":
             raise DFlashError("build spec: 'calib' is only used with quant fp8 or nvfp4")
+        if self.backend == "trtllm":
+            self._check_trtllm()
+        else:
+            changed = [k for k, default in TRTLLM_ONLY.items() if getattr(self, k) != default]
+            if changed:
+                raise DFlashError(f"build spec: '{changed[0]}' is only used with backend 'trtllm'")
+
+    def _check_trtllm(self) -> None:
+        from .trtllm_fields import fields_of
+        from .trtllm_options import ATTENTION_BACKENDS, GPU_SM, KV_CACHE_DTYPES, check_pass_through
+
+        if self.gpu is not None:
+            _choice("gpu", self.gpu, tuple(GPU_SM))
+        if self.dflash_attention_backend is not None:
+            _choice("dflash_attention_backend", self.dflash_attention_backend, ATTENTION_BACKENDS)
+        if self.moe_backend is not None:
+            import ast
+
+            literal = ast.parse(fields_of("MoeConfig")["backend"]["type"], mode="eval").body.slice
+            _choice("moe_backend", self.moe_backend, tuple(ast.literal_eval(e) for e in literal.elts))
+        _choice("kv_cache_dtype", self.kv_cache_dtype, tuple(KV_CACHE_DTYPES))
+        for name in ("rejection_sampling", "chunked_prefill"):  # YAML `"no"` is a string, not false
+            if not isinstance(getattr(self, name), bool):
+                raise DFlashError(f"build spec: '{name}' must be true or false, got {getattr(self, name)!r}")
+        if self.draft_len_schedule is not None and (not isinstance(self.draft_len_schedule, str)
+                                                    or not self.draft_len_schedule):
+            raise DFlashError(f"build spec: 'draft_len_schedule' must be a file path, got {self.draft_len_schedule!r}")
+        gib = self.gpu_memory_gib
+        if isinstance(gib, bool) or not isinstance(gib, (int, float)) or gib <= 0:
+            raise DFlashError(f"build spec: 'gpu_memory_gib' must be a positive number, got {gib!r}")
+        sizes = self.cuda_graph_batch_sizes
+        if sizes is not None:
+            if not isinstance(sizes, list) or not sizes:
+                raise DFlashError(f"build spec: 'cuda_graph_batch_sizes' must be a list of batch sizes, got {sizes!r}")
+            for size in sizes:
+                _positive_int("cuda_graph_batch_sizes", size)
+            if max(sizes) > self.max_batch_size:
+                raise DFlashError(f"build spec: cuda_graph_batch_sizes {sizes} go above max_batch_size "
+                                  f"{self.max_batch_size}")
+        check_pass_through(self.llm_options)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_sources(cls, yaml_path: str | None, overrides: dict[str, Any]) -> BuildSpec:
-        """Settings from a YAML file, then flags (flags win); unknown keys are errors."""
+        """Settings from a YAML file, then flags (flags win); unknown keys are errors. `overrides` may carry
+        `llm_option`: a list of 'key.sub=value' strings merged over the file's `llm_options`."""
+        from .trtllm_options import merge, parse_llm_option
+
         data = read_settings(yaml_path, f"no such build config file: {yaml_path}", yaml_path,
                              "build settings") if yaml_path else {}
+        overrides = dict(overrides)
+        for text in overrides.pop("llm_option", None) or []:
+            data["llm_options"] = merge(data.get("llm_options") or {}, parse_llm_option(text))
         data.update({k: v for k, v in overrides.items() if v is not None})
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
@@ -72,3 +131,8 @@ class BuildSpec:
 def _choice(name: str, value: Any, options: tuple[str, ...]) -> None:
     if value not in options:
         raise DFlashError(f"build spec: unknown {name} {value!r} (choose from {', '.join(options)})")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise DFlashError(f"build spec: '{name}' must be a positive integer, got {value!r}")

@@ -17,7 +17,7 @@ from ..models.target import TargetModel
 from ..pairing import validate_pair
 from ..parallel import Parallel
 from .manifest import Manifest
-from .trtllm_engine import OPTIONS
+from .trtllm_engine import OPTIONS, options_at
 from .trtllm_fields import PINNED, check_options
 
 
@@ -56,7 +56,12 @@ def check_torch(engine_dir: Path, manifest: Manifest) -> list[str]:
 
 
 def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
-    target, drafter = read_configs(engine_dir / "target", engine_dir / "drafter")
+    from .trtllm_targets import TrtllmTarget
+
+    source = engine_dir / "target" / "config.json"
+    target = TrtllmTarget.from_dict(read_config_json(engine_dir / "target"), str(source))
+    drafter = DrafterConfig.from_dict(read_config_json(engine_dir / "drafter"), str(engine_dir / "drafter"))
+    validate_pair(target, drafter)
     with torch.device("meta"):
         check_weights(DFlashDrafter(drafter), load_tensors(engine_dir / "drafter"), engine_dir / "drafter")
     options = yaml.safe_load((engine_dir / OPTIONS).read_text())
@@ -73,7 +78,7 @@ def parse_with_tensorrt_llm(engine_dir: Path, options: dict) -> str:
     try:
         from tensorrt_llm.llmapi.llm_args import TorchLlmArgs
 
-        TorchLlmArgs(model=str(engine_dir / "target"), **options)
+        TorchLlmArgs(model=str(engine_dir / "target"), **options_at(engine_dir, options))
     except ImportError as exc:
         return f"skipped: TensorRT-LLM's own argument parsing (import failed: {exc})"
     except Exception as exc:

@@ -34,7 +34,30 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-seq-len", type=int)
     p.add_argument("--max-num-tokens", type=int)
     p.add_argument("--force", action="store_true", default=None, help="replace an existing output directory")
+    t = p.add_argument_group("trtllm backend")
+    t.add_argument("--gpu", help="the serving GPU (b200, b300, h100, h200, ...): picks the DFlash attention and MoE "
+                   "backends (default: the build host's GPU)")
+    t.add_argument("--gpu-memory-gib", type=float, help="memory per GPU the weights and DFlash arena must fit "
+                   "(default 80)")
+    t.add_argument("--dflash-attention-backend", help="VANILLA | TRTLLM (SM100/SM103) | FA4 (SM90)")
+    t.add_argument("--moe-backend", help="moe_config.backend for MoE targets (default: from the target and GPU)")
+    t.add_argument("--kv-cache-dtype", help="auto | fp8 | nvfp4 (default auto: the model dtype)")
+    t.add_argument("--draft-len-schedule", metavar="FILE", help="draft-length schedule (dflash-bench tune writes it)")
+    t.add_argument("--rejection-sampling", action="store_true", default=None,
+                   help="speculative_config.use_rejection_sampling for sampled (T > 0) requests")
+    t.add_argument("--chunked-prefill", action="store_true", default=None, help="enable_chunked_prefill")
+    t.add_argument("--cuda-graph-batch-sizes", type=batch_sizes, metavar="N,N,...",
+                   help="cuda_graph_config.batch_sizes (default: generated up to --max-batch-size)")
+    t.add_argument("--llm-option", action="append", metavar="KEY=VALUE", help="any other TensorRT-LLM option, "
+                   "e.g. kv_cache_config.host_cache_size=0 (repeatable; checked against upstream's field table)")
     return p
+
+
+def batch_sizes(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def run_build(argv: list[str]) -> int:
@@ -48,6 +71,11 @@ def run_build(argv: list[str]) -> int:
     spec = replace(spec, **{role: str(model_path(getattr(spec, role), role)) for role in ("target", "drafter")})
     out = build_engine(spec, shlex.join([PROG, *argv]))
     print(f"built {spec.backend} engine: {out}")
+    details = Manifest.read(out).backend_details
+    if "memory" in details:
+        print(details["memory"]["summary"])
+    for warning in details.get("warnings", ()):
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
     return 0
 
 

@@ -29,7 +29,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int, help="running batch (default: the engine's)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors")
     p.add_argument("--decoding", default="dflash", help="dflash (default) or plain: the target alone, the baseline")
-    p.add_argument("--write-only", action="store_true", help="write the repository and exit")
+    p.add_argument("--write-only", action="store_true", help="write the repository (and, for trtllm engines, its "
+                   "launch scripts) and exit")
+    p.add_argument("--repository-only", action="store_true", help="write the model repository alone and exit (the "
+                   "launch scripts run this where they serve, so the paths are valid there)")
     p.add_argument("--nodes", type=int, default=1, help="trtllm engines: nodes for the Slurm launch script")
     p.add_argument("--print-launch", metavar="DIR", help="write the repository and launch scripts (one node, Slurm, "
                    "benchmark job) into DIR, print how to run them, and exit")
@@ -76,6 +79,10 @@ def run(argv: list[str] | None) -> int:
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
     frontend = openai_settings(args)  # checked before anything is written
+    if args.repository_only:
+        write_repository(Path(args.engine_dir), repo, settings)
+        print(f"model repository: {repo} (model '{args.model_name}')", file=sys.stderr)
+        return 0
     spec = launch_spec(args, manifest, repo) if manifest.backend == "trtllm" or args.print_launch else None
     model_dir = write_repository(Path(args.engine_dir), repo, settings)
     print(f"model repository: {repo} (model '{args.model_name}')", file=sys.stderr)
@@ -124,10 +131,15 @@ def trtllm_openai(args, manifest, repo: Path) -> int:
 
     from ..serve.openai.trtllm import model_link, trtllm_serve_command
 
+    import yaml
+
+    from ..builder.trtllm_engine import read_options_at
+
     engine = Path(args.engine_dir).absolute()
     link = model_link(engine, args.model_name, repo)
-    command = trtllm_serve_command(link, engine / manifest.backend_details["options"], manifest.tp_size, args.host,
-                                   args.openai_port, args.chat_template)
+    options = link.parent / f"{args.model_name}.llm_options.yaml"  # the engine's options at paths valid here
+    options.write_text(yaml.safe_dump(read_options_at(engine), sort_keys=False))
+    command = trtllm_serve_command(link, options, manifest.tp_size, args.host, args.openai_port, args.chat_template)
     print(f"OpenAI API (TensorRT-LLM): {shlex.join(command)}", file=sys.stderr, flush=True)
     if args.write_only:
         return 0

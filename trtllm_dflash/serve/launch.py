@@ -8,8 +8,10 @@ A torch engine's ranks run inside one Triton process (its model spawns them), so
 never spans nodes: multi-node torch means replicas.
 
 trtllm servers run `trtllm-llmapi-launch tritonserver` under `mpirun -n T` (one node) or
-`srun --mpi=pmix` (Slurm); TensorRT-LLM's own llmapi model files are copied into the repository
-first (`copy_llmapi_model.sh`). torch servers run `dflash-serve`. Every script runs with
+`srun --mpi=pmix` (Slurm); first `dflash-serve ENGINE_DIR --repository-only` rewrites the model
+repository with the engine's paths as the container sees them (ENGINE_DIR overrides where the engine
+is, so a moved or remounted engine serves), then TensorRT-LLM's own llmapi model files are copied in
+(`copy_llmapi_model.sh`). torch servers run `dflash-serve`. Every script runs with
 `set -euo pipefail` and prints its commands instead of running them when DRY_RUN=1.
 """
 
@@ -151,6 +153,12 @@ class LaunchSpec:
                 f"--decoding {self.decoding}{batch} --max-queue {self.max_queue} --host 0.0.0.0 "
                 f"--http-port {self.http_port} --grpc-port {self.grpc_port} --metrics-port {self.metrics_port}")
 
+    def repository_command(self) -> str:
+        """dflash-serve rewriting this server's repository for the engine at $ENGINE_DIR, where it runs."""
+        batch = f" --max-batch-size {self.max_batch_size}" if self.max_batch_size else ""
+        return (f'dflash-serve "$ENGINE_DIR" --model-repo {self.repo} --model-name {self.model_name} '
+                f"--decoding {self.decoding}{batch} --repository-only")
+
     def default_mounts(self, out: Path) -> str:
         paths = sorted({self.engine_dir, self.repo, out}, key=lambda p: (len(p.parts), str(p)))
         kept: list[Path] = []
@@ -172,6 +180,11 @@ def header(spec: LaunchSpec, what: str, sbatch: tuple[str, ...] = ()) -> str:
              f"# Engine {spec.engine_dir} ({spec.backend}, tp_size {spec.tp_size}), model '{spec.model_name}'. "
              "DRY_RUN=1 prints the commands instead of running them."]
     return "\n".join(lines) + "\n" + PRELUDE
+
+
+def engine_param(spec: LaunchSpec) -> str:
+    """ENGINE_DIR: where the engine is when the script runs (set it, and MOUNTS, after moving the engine)."""
+    return f'ENGINE_DIR="${{ENGINE_DIR:-{spec.engine_dir}}}"\n'
 
 
 def params(spec: LaunchSpec, out: Path) -> str:
@@ -207,7 +220,8 @@ def single_node_script(spec: LaunchSpec, out: Path) -> str:
     if spec.backend == "torch":
         return (header(spec, f"one {spec.backend} server on this node ({spec.tp_size} GPUs)") +
                 f"run_exec {spec.dflash_serve(spec.repo)}\n")
-    return (header(spec, f"one server on this node, {spec.tp_size} MPI ranks") +
+    return (header(spec, f"one server on this node, {spec.tp_size} MPI ranks") + engine_param(spec) +
+            f"run {spec.repository_command()}\n"
             f"run bash {out / 'copy_llmapi_model.sh'} {spec.repo / spec.model_name / '1'}\n"
             f"run_exec mpirun --allow-run-as-root -n {spec.tp_size} trtllm-llmapi-launch {spec.server_args()}\n")
 
@@ -225,7 +239,8 @@ def slurm_script(spec: LaunchSpec, out: Path) -> str:
         repo = REPLICA_REPO if replicas > 1 else spec.repo
         return text + (f"run_exec srun --nodes={layout.nodes} --ntasks-per-node=1 \"${{container[@]}}\" "
                        f"{spec.dflash_serve(repo)}\n")
-    text += (f"run srun --nodes=1 --ntasks=1 \"${{container[@]}}\" "
+    text += (engine_param(spec) + f"run srun --nodes=1 --ntasks=1 \"${{container[@]}}\" {spec.repository_command()}\n"
+             f"run srun --nodes=1 --ntasks=1 \"${{container[@]}}\" "
              f"bash {out / 'copy_llmapi_model.sh'} {spec.repo / spec.model_name / '1'}\n")
     if replicas == 1:
         return text + (f"run_exec srun --nodes={layout.nodes} --ntasks-per-node={tasks} --mpi=pmix "

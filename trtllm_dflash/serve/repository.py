@@ -3,7 +3,11 @@ Triton's own `ModelConfig` protobuf (shipped in tritonclient), so it is valid by
 
 torch engines: <repo>/<model>/config.pbtxt + 1/model.py (a one-line import of our Python model).
 trtllm engines: TensorRT-LLM's `llmapi` layout: config.pbtxt + 1/model.yaml (the engine's LLM API
-options plus `triton_config`); 1/model.py is TensorRT-LLM's own, copied in by the launch script.
+options plus `triton_config`); 1/model.py is TensorRT-LLM's own, copied in by the launch script. The
+config.pbtxt declares upstream's whole request/response set and leaves batching and decoupled mode to
+model.yaml's `triton_config`, which upstream's model.py applies in auto_complete_config
+(triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt @0a710573 and 1/model.py @044a90d2). model.yaml
+names the engine's target and drafter by absolute paths valid where this runs, so a moved engine serves.
 """
 
 from __future__ import annotations
@@ -32,6 +36,21 @@ OUTPUTS = [
     ("total_draft_tokens", "TYPE_INT32", [1]), ("arrival_time_ns", "TYPE_INT64", [1]),
     ("first_token_time_ns", "TYPE_INT64", [1]), ("last_token_time_ns", "TYPE_INT64", [1]),
 ]
+# the rest of upstream's llmapi config.pbtxt (@0a710573): a request using them must not be rejected
+LLMAPI_EXTRA_INPUTS = [
+    ("image_url", "TYPE_STRING", [-1], True), ("sampling_param_best_of", "TYPE_INT32", [1], True),
+    ("sampling_param_frequency_penalty", "TYPE_FP32", [1], True),
+    ("sampling_param_presence_penalty", "TYPE_FP32", [1], True), ("return_stop_reason", "TYPE_BOOL", [1], True),
+    ("return_cumulative_logprob", "TYPE_BOOL", [1], True), ("stop", "TYPE_BOOL", [1], True),
+    ("lora_id", "TYPE_UINT64", [1], True), ("lora_name", "TYPE_STRING", [1], True),
+    ("lora_path", "TYPE_STRING", [1], True), ("lora_ckpt_source", "TYPE_STRING", [1], True),
+]
+LLMAPI_EXTRA_OUTPUTS = [
+    ("stop_reason", "TYPE_STRING", [-1]), ("cumulative_logprob", "TYPE_FP32", [-1]),
+    ("kv_cache_reused_block", "TYPE_INT32", [-1]), ("kv_cache_missed_block", "TYPE_INT32", [-1]),
+    ("kv_cache_alloc_new_blocks", "TYPE_INT32", [-1]), ("kv_cache_alloc_total_blocks", "TYPE_INT32", [-1]),
+    ("kv_cache_hit_rate", "TYPE_FP32", [-1]), ("first_scheduled_time_ns", "TYPE_INT64", [1]),
+]
 TORCH_EXTRA_INPUTS = [("sampling_param_ignore_eos", "TYPE_BOOL", [1], True)]
 # the server's own token counts (the OpenAI frontend's `usage`) and verify steps that carried drafts
 TORCH_EXTRA_OUTPUTS = [("num_output_tokens", "TYPE_INT32", [1]), ("num_input_tokens", "TYPE_INT32", [1]),
@@ -57,11 +76,13 @@ class ServeSettings:
                 raise DFlashError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
 
 
-def model_config(name: str, inputs, outputs, parameters: dict[str, str]):
+def model_config(name: str, inputs, outputs, parameters: dict[str, str], decoupled: bool = True):
+    """decoupled=False leaves the transaction policy (and batching) unset, for model.yaml to supply."""
     from tritonclient.grpc import model_config_pb2 as mc
 
     config = mc.ModelConfig(name=name, backend="python", max_batch_size=0)
-    config.model_transaction_policy.decoupled = True
+    if decoupled:
+        config.model_transaction_policy.decoupled = True
     for n, t, dims, optional in inputs:
         config.input.add(name=n, data_type=mc.DataType.Value(t), dims=dims, optional=optional)
     for n, t, dims in outputs:
@@ -103,11 +124,40 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)
     else:
-        write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS, OUTPUTS, {}))
-        options = yaml.safe_load((engine_dir / manifest.backend_details["options"]).read_text())
-        if settings.decoding == "plain":  # TensorRT-LLM decodes autoregressively without a speculative config
-            options.pop("speculative_config", None)
-        options = {"model": str(engine_dir / "target"), **options, "max_batch_size": batch,
-                   "triton_config": {"max_batch_size": 0, "decoupled": True}}
+        write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + LLMAPI_EXTRA_INPUTS,
+                                                             OUTPUTS + LLMAPI_EXTRA_OUTPUTS, {}, decoupled=False))
+        options = llmapi_options(engine_dir, manifest, settings)
         (model_dir / "1" / "model.yaml").write_text(yaml.safe_dump(options, sort_keys=False))
     return model_dir
+
+
+def llmapi_options(engine_dir: Path, manifest: Manifest, settings: ServeSettings) -> dict:
+    """model.yaml: the engine's options at absolute paths, the running batch (never above the one the engine's
+    memory was planned for; CUDA graphs kept within it), and Triton's side."""
+    from ..builder.trtllm_engine import read_options_at
+
+    options = read_options_at(engine_dir)
+    built = manifest.limits["max_batch_size"]
+    batch = settings.max_batch_size or built
+    if batch > built:
+        raise DFlashError(f"--max-batch-size {batch} exceeds the engine's max_batch_size {built}, which its DFlash "
+                          "memory plan was made for: rebuild with a larger --max-batch-size")
+    options["cuda_graph_config"] = cuda_graphs_within(options.get("cuda_graph_config"), batch)
+    if settings.decoding == "plain":  # TensorRT-LLM decodes autoregressively without a speculative config
+        options.pop("speculative_config", None)
+    return {"model": str(engine_dir / "target"), **options, "max_batch_size": batch,
+            "triton_config": {"max_batch_size": 0, "decoupled": True}}
+
+
+def cuda_graphs_within(graphs: dict | None, batch: int) -> dict | None:
+    """cuda_graph_config for a running batch of `batch`: graph batch sizes above it would never be used
+    (TensorRT-LLM requires max_batch_size == max(batch_sizes) when both are given)."""
+    if graphs is None:
+        return None
+    graphs = dict(graphs)
+    if graphs.get("batch_sizes"):
+        graphs["batch_sizes"] = [b for b in graphs["batch_sizes"] if b <= batch] or [batch]
+        graphs.pop("max_batch_size", None)
+    else:
+        graphs["max_batch_size"] = min(graphs.get("max_batch_size") or batch, batch)
+    return graphs

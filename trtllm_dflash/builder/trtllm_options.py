@@ -1,0 +1,126 @@
+"""The LLM-API options of a `trtllm` engine: derived from the build spec, the target and the GPU, then the
+user's pass-through options (`llm_options:` in the build YAML, `--llm-option key.sub=value`) merged over them.
+
+Every key and value is checked against TensorRT-LLM's field table (trtllm_fields.py) before it is written.
+Choices and their sources (NVIDIA/TensorRT-LLM@58ae162a unless named otherwise):
+- speculative_config.attention_backend: TRTLLM on SM100/SM103 (TRTLLM-Gen FMHA over a paged context cache;
+  tensorrt_llm/_torch/speculative/dflash_attention.py refuses other SMs), VANILLA elsewhere. FA4 is validated on
+  SM90 only and needs flash-attn's CuTe DSL build (dflash_attention.py, validate_dflash_fa4_runtime), which an
+  image may lack, so it is never chosen for you: --dflash-attention-backend FA4 asks for it.
+- moe_config.backend for gpt-oss: TRTLLM on Blackwell, TRITON on Hopper (TensorRT-LLM's "Deployment Guide for
+  GPT-OSS", MoE backend support matrix); AUTO (upstream's default) for other MoE targets and unknown GPUs.
+- kv_cache_config.enable_block_reuse: false. Upstream's DFlash test disables it: the drafter's context holds only
+  tokens computed in the current forward, so a reused prefix never reaches it and acceptance drops.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from ..errors import DFlashError
+
+GPU_SM = {"b200": 100, "gb200": 100, "b300": 103, "gb300": 103, "h100": 90, "h200": 90, "gh200": 90,
+          "a100": 80, "l40s": 89}
+ATTENTION_BACKENDS = ("VANILLA", "TRTLLM", "FA4")
+KV_CACHE_DTYPES = {"auto": None, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}  # bytes per element; nvfp4: one fp8 scale per 16
+BLACKWELL = (100, 103)
+# keys the build sets from its own flags (the memory estimate and the checks depend on them)
+OWNED = {
+    "model": "the engine's target", "tensor_parallel_size": "--tp", "dtype": "--dtype",
+    "max_batch_size": "--max-batch-size", "max_seq_len": "--max-seq-len", "max_num_tokens": "--max-num-tokens",
+    "speculative_config.decoding_type": "the engine (DFlash)", "speculative_config.max_draft_len": "--block-size",
+    "speculative_config.speculative_model": "the engine's drafter",
+    "speculative_config.mask_token_id": "the drafter's config", "speculative_config.target_layer_ids":
+    "the drafter's config", "speculative_config.draft_len_schedule": "--draft-len-schedule",
+    "speculative_config.attention_backend": "--dflash-attention-backend", "kv_cache_config.dtype": "--kv-cache-dtype",
+    "moe_config.backend": "--moe-backend",
+}
+
+
+@dataclass(frozen=True)
+class Choice:
+    value: str | None
+    reason: str
+
+
+def gpu_sm(gpu: str | None) -> tuple[int | None, str]:
+    """-> (SM version, where it came from): --gpu, else the build host's GPU, else unknown."""
+    if gpu:
+        return GPU_SM[gpu], f"--gpu {gpu}"
+    import torch
+
+    if torch.cuda.is_available():
+        major, minor = torch.cuda.get_device_capability()
+        return major * 10 + minor, f"the build host's {torch.cuda.get_device_name()}"
+    return None, "no --gpu and no GPU on the build host"
+
+
+def attention_backend(requested: str | None, sm: int | None, where: str) -> Choice:
+    if requested:
+        return Choice(requested, "--dflash-attention-backend")
+    if sm in BLACKWELL:
+        return Choice("TRTLLM", f"{where}: SM{sm} runs TRTLLM-Gen FMHA over a paged context cache")
+    return Choice("VANILLA", f"{where}: VANILLA (FlashAttention) runs on any GPU; TRTLLM needs SM100/SM103; FA4 "
+                             "(SM90 only, flash-attn CuTe DSL build) only on request")
+
+
+def moe_backend(requested: str | None, model_type: str, moe: bool, sm: int | None, where: str) -> Choice:
+    if requested:
+        return Choice(requested, "--moe-backend")
+    if not moe:
+        return Choice(None, "dense target")
+    if model_type == "gpt_oss" and sm in BLACKWELL:
+        return Choice("TRTLLM", f"{where}: TensorRT-LLM's GPT-OSS guide names TRTLLM for Blackwell")
+    if model_type == "gpt_oss" and sm == 90:
+        return Choice("TRITON", f"{where}: TensorRT-LLM's GPT-OSS guide names TRITON for Hopper")
+    return Choice("AUTO", f"{where}: AUTO, upstream's default, picks per model")
+
+
+def parse_llm_option(text: str) -> dict:
+    """'kv_cache_config.enable_partial_reuse=false' -> {'kv_cache_config': {'enable_partial_reuse': False}};
+    the value is read as YAML (numbers, booleans, lists)."""
+    key, sep, raw = text.partition("=")
+    path = key.strip().split(".")
+    if not sep or not all(path):
+        raise DFlashError(f"--llm-option must be KEY[.SUB...]=VALUE, got {text!r}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    for part in reversed(path):
+        value = {part: value}
+    return value
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """`extra` over `base`, recursing into mappings; neither is modified."""
+    out = copy.deepcopy(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def check_pass_through(options: dict) -> None:
+    """Refuse a pass-through key the build sets from a flag, naming the flag."""
+    if not isinstance(options, dict):
+        raise DFlashError(f"build spec: 'llm_options' must be a mapping of TensorRT-LLM options, got {options!r}")
+    for key, value in options.items():
+        subs = value.keys() if isinstance(value, dict) else ()
+        for name in (key, *(f"{key}.{s}" for s in subs)):
+            if name in OWNED:
+                raise DFlashError(f"llm_options: '{name}' is set by the build ({OWNED[name]}), not by a pass-through "
+                                  "option")
+
+
+def block_reuse_warning(options: dict) -> str:
+    if (options.get("kv_cache_config") or {}).get("enable_block_reuse") is True:
+        return ("kv_cache_config.enable_block_reuse is on: a reused prefix never reaches the DFlash drafter's context "
+                "(upstream's DFlash test turns reuse off), so acceptance drops on cached prefixes")
+    return ""
