@@ -10,7 +10,12 @@ first; enums with their members; type aliases (discriminated unions with their d
     python tools/gen_trtllm_fields.py TENSORRT_LLM_CHECKOUT --commit SHA [--output PATH]
 
 TENSORRT_LLM_CHECKOUT is a checkout (or the llm_args.py file itself); --commit names the version it holds
-and is recorded next to the file's sha256. Only standard-library modules are used.
+and is recorded next to the sha256 of the file read. Only standard-library modules are used.
+
+The committed table was not generated from a checkout (NVIDIA/TensorRT-LLM is over this environment's fetch
+limit) but from a hand transcript of the declarations at the pinned commit; it was then checked field by field
+against the stored upstream file at that commit. Its `source.provenance` says so, and its `source.sha256` is
+null because no upstream file was hashed. Run this tool on a real checkout to replace both.
 """
 
 from __future__ import annotations
