@@ -125,6 +125,17 @@ def test_every_accepted_family_builds(tmp_path, capsys, drafter, family, model_t
     assert build_main(["verify", str(out)]) == 0
 
 
+def test_hybrid_kv_layers_without_layer_types():
+    """Configs without `layer_types` follow transformers' rule: every `full_attention_interval`-th layer (default
+    4) is full attention, the rest Gated DeltaNet with no KV cache."""
+    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
+
+    text = {**TEXT, "model_type": "qwen3_5_text", "num_hidden_layers": 8}
+    assert TrtllmTarget.from_dict(text, "t").kv_layers == 2
+    assert TrtllmTarget.from_dict({**text, "full_attention_interval": 2}, "t").kv_layers == 4
+    assert TrtllmTarget.from_dict({**text, "model_type": "qwen3"}, "t").kv_layers == 8
+
+
 @pytest.mark.parametrize("model_type, needle", [
     ("qwen3_next", "Qwen3NextForCausalLM (qwen3_next) has no DFlash in TensorRT-LLM"),
     ("mamba", "model_type 'mamba' is not a TensorRT-LLM DFlash target this tool knows"),
@@ -197,6 +208,8 @@ def test_pass_through_options_land_and_owned_keys_are_refused(qwen3_pair, tmp_pa
                            ("max_batch_size=8", "'max_batch_size' is set by the build (--max-batch-size)"),
                            ("speculative_config.attention_backend=FA4", "(--dflash-attention-backend)"),
                            ("stream_interval=0", "'stream_interval' must be PositiveInt, got 0"),
+                           ("cuda_graph_config.max_batch_size=128",
+                            "cuda_graph_config goes up to batch 128, above max_batch_size 64"),
                            ("novalue", "--llm-option must be KEY[.SUB...]=VALUE")]:
         capsys.readouterr()
         assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "x", "--backend", "trtllm",
@@ -228,6 +241,9 @@ def test_performance_options_and_their_warnings(qwen3_pair, tmp_path, capsys):
     assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "x", "--backend", "trtllm",
                  "--draft-len-schedule", bad) == 2
     assert "smallest batch size 1 must map to max_draft_len 7" in capsys.readouterr().err
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "x", "--backend", "trtllm",
+                 "--draft-len-schedule", schedule, "--llm-option", "speculative_config.max_concurrency=8") == 2
+    assert "max_concurrency and --draft-len-schedule are mutually exclusive" in capsys.readouterr().err
 
 
 def test_torch_builds_refuse_trtllm_only_settings(qwen3_pair, tmp_path, capsys):

@@ -24,8 +24,8 @@ from .builder import BuildPlan, copy_tokenizer
 from .trtllm_drafter import trtllm_drafter_config
 from .trtllm_fields import MIN_TENSORRT_LLM, PINNED, check_options
 from .trtllm_memory import MemoryInputs, checkpoint_bytes, plan_memory
-from .trtllm_options import (KV_CACHE_DTYPES, attention_backend, block_reuse_warning, check_pass_through, gpu_sm,
-                             merge, moe_backend)
+from .trtllm_options import (KV_CACHE_DTYPES, attention_backend, block_reuse_warning, check_cross_fields,
+                             check_pass_through, gpu_sm, merge, moe_backend)
 
 OPTIONS = "llm_options.yaml"
 QUANT_ITEMSIZE = {"none": None, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}  # bytes per quantized linear weight
@@ -88,8 +88,10 @@ def trtllm_options(plan: BuildPlan) -> tuple[dict, dict]:
     if spec.chunked_prefill:
         base["enable_chunked_prefill"] = True
     options = merge(base, spec.llm_options)
-    warnings = check_options(options) + [w for w in (memory.warning, block_reuse_warning(options),
-                                                     blackwell_warning(spec, sm), untested_warning(target)) if w]
+    warnings = check_options(options)
+    check_cross_fields(options)
+    warnings += [w for w in (memory.warning, block_reuse_warning(options), blackwell_warning(spec, sm),
+                             untested_warning(target)) if w]
     choices = {"attention_backend": vars(attention), "moe_backend": vars(moe),
                "max_seq_len": plan.max_seq_len, "target": f"{target.architecture} ({target.status}: {target.source})"}
     if schedule:

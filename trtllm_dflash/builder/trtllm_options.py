@@ -37,7 +37,7 @@ OWNED = {
     "speculative_config.mask_token_id": "the drafter's config", "speculative_config.target_layer_ids":
     "the drafter's config", "speculative_config.draft_len_schedule": "--draft-len-schedule",
     "speculative_config.attention_backend": "--dflash-attention-backend", "kv_cache_config.dtype": "--kv-cache-dtype",
-    "moe_config.backend": "--moe-backend",
+    "moe_config.backend": "--moe-backend", "cuda_graph_config.batch_sizes": "--cuda-graph-batch-sizes",
 }
 
 
@@ -124,3 +124,23 @@ def block_reuse_warning(options: dict) -> str:
         return ("kv_cache_config.enable_block_reuse is on: a reused prefix never reaches the DFlash drafter's context "
                 "(upstream's DFlash test turns reuse off), so acceptance drops on cached prefixes")
     return ""
+
+
+def check_cross_fields(options: dict) -> None:
+    """Rules across fields that TensorRT-LLM's validators enforce and a per-field table cannot
+    (tensorrt_llm/llmapi/llm_args.py@58ae162a): refused here so a DGX does not find them at start-up."""
+    speculative = options.get("speculative_config") or {}
+    if speculative.get("max_concurrency") is not None and speculative.get("draft_len_schedule") is not None:
+        # DecodingBaseConfig.validate_max_concurrency_and_draft_len_schedule_mutually_exclusive
+        raise DFlashError("speculative_config.max_concurrency and --draft-len-schedule are mutually exclusive in "
+                          "TensorRT-LLM (a schedule already stops speculation above its largest batch size)")
+    graphs = options.get("cuda_graph_config") or {}
+    sizes, graph_max = graphs.get("batch_sizes"), graphs.get("max_batch_size")
+    if sizes and graph_max and graph_max != max(sizes):
+        # BaseCudaGraphConfig.validate_base_cuda_graph_config
+        raise DFlashError(f"cuda_graph_config.max_batch_size {graph_max} must equal max(batch_sizes) {max(sizes)} "
+                          "when both are given")
+    largest = max(sizes) if sizes else graph_max
+    if largest and largest > options["max_batch_size"]:  # graphs past the running batch are captured, never used
+        raise DFlashError(f"cuda_graph_config goes up to batch {largest}, above max_batch_size "
+                          f"{options['max_batch_size']}")

@@ -86,14 +86,13 @@ class TrtllmTarget:
         heads = _positive(text, "num_attention_heads", source)
         hidden = _positive(text, "hidden_size", source)
         layers = _positive(text, "num_hidden_layers", source)
-        layer_types = text.get("layer_types") or []
         return cls(
             model_type=model_type, architecture=architecture, status=status, source=why,
             vocab_size=_positive(text, "vocab_size", source), hidden_size=hidden, num_hidden_layers=layers,
             num_attention_heads=heads, num_key_value_heads=_positive(text, "num_key_value_heads", source, heads),
             head_dim=_positive(text, "head_dim", source, hidden // heads),
             max_position_embeddings=_positive(text, "max_position_embeddings", source, 32768),
-            kv_layers=sum(t not in NO_KV_LAYER_TYPES for t in layer_types) if layer_types else layers,
+            kv_layers=_kv_layers(text, layers, model_type.startswith("qwen3_5")),
             moe=any(text.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")))
 
     def check_tp(self, tp: int) -> None:
@@ -104,6 +103,15 @@ class TrtllmTarget:
 
     def kv_heads_per_rank(self, tp: int) -> int:
         return math.ceil(self.num_key_value_heads / tp)
+
+
+def _kv_layers(text: dict, layers: int, hybrid: bool) -> int:
+    """Layers that keep a KV cache. A hybrid config without `layer_types` has one full-attention layer every
+    `full_attention_interval` (default 4: transformers 5.23, Qwen3_5TextConfig / Qwen3_5MoeTextConfig)."""
+    kinds = text.get("layer_types")
+    if kinds:
+        return sum(kind not in NO_KV_LAYER_TYPES for kind in kinds)
+    return layers // text.get("full_attention_interval", 4) if hybrid else layers
 
 
 def _positive(data: dict, key: str, source: str, default: Any = ...) -> int:
