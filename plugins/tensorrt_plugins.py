@@ -3,7 +3,9 @@
 `register()` defines `trtllm_dflash::context_kv` with `tensorrt.plugin`: a descriptor (output shapes
 and types) and an AOT implementation that embeds the Triton `_dense_kernel` compiled to PTX, so an
 engine runs it without Python. Importing this module never needs TensorRT; `register()` says
-clearly when TensorRT (>= 10.9, for AOT plugins) is unavailable.
+clearly when TensorRT (>= 10.9, for AOT plugins) is unavailable. TensorRT-LLM does not load this plugin:
+its DFlash runs only on the PyTorch backend (no TensorRT engine; NVIDIA/TensorRT-LLM@58ae162a,
+DFlashDecodingConfig.supports_backend is "pytorch" only), so `dflash-build --backend trtllm` never uses it.
 
 Plugin contract (the cache write belongs to TensorRT-LLM's own KV-cache manager, so outputs are dense):
   inputs  y [N, H] (the fc output), hidden_norm [H], kv [L*2*H_kv*D, H], k_norm [L, D],
