@@ -252,6 +252,20 @@ def test_torch_builds_refuse_trtllm_only_settings(qwen3_pair, tmp_path, capsys):
     assert "build spec: 'gpu' is only used with backend 'trtllm'" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("setting, needle", [
+    ({"rejection_sampling": "no"}, "'rejection_sampling' must be true or false, got 'no'"),
+    ({"chunked_prefill": 1}, "'chunked_prefill' must be true or false, got 1"),
+    ({"draft_len_schedule": 3}, "'draft_len_schedule' must be a file path, got 3"),
+])
+def test_trtllm_yaml_settings_are_type_checked(setting, needle):
+    """A YAML `rejection_sampling: "no"` is a string: refused, not read as true."""
+    from trtllm_dflash.builder.spec import BuildSpec
+    from trtllm_dflash.errors import DFlashError
+
+    with pytest.raises(DFlashError, match=needle):
+        BuildSpec(target="t", drafter="d", output="o", backend="trtllm", **setting)
+
+
 # ---- the memory plan: Qwen3-8B and its published DFlash drafter (configs only) ------------------------------
 
 QWEN3_8B = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 4096,
