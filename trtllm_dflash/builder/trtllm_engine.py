@@ -119,7 +119,7 @@ def memory_inputs(plan: BuildPlan, backend: str) -> MemoryInputs:
     spec, target, drafter = plan.spec, plan.target, plan.drafter
     itemsize = DTYPES[spec.dtype].itemsize
     weights = (checkpoint_bytes(plan.target_dir, itemsize, QUANT_ITEMSIZE[spec.quant])
-               + checkpoint_bytes(plan.drafter_dir, itemsize))
+               + checkpoint_bytes(plan.drafter_dir, itemsize, exclude=drafter_copies_dropped(plan)))
     user_fraction = (spec.llm_options.get("kv_cache_config") or {}).get("free_gpu_memory_fraction")
     return MemoryInputs(
         tp=spec.tp, max_batch_size=spec.max_batch_size, max_seq_len=plan.max_seq_len,
@@ -130,6 +130,15 @@ def memory_inputs(plan: BuildPlan, backend: str) -> MemoryInputs:
         drafter_layers=drafter.num_hidden_layers, drafter_kv_heads=drafter.num_key_value_heads,
         drafter_head_dim=drafter.head_dim, drafter_max_positions=drafter.max_position_embeddings, itemsize=itemsize,
         budget_gib=spec.gpu_memory_gib, fraction=user_fraction)
+
+
+def drafter_copies_dropped(plan: BuildPlan) -> tuple[str, ...]:
+    """Tensors of the input drafter that the engine's copy leaves out (write_drafter_copy)."""
+    if plan.drafter_checkpoint.format != "speculators":
+        return ()
+    from ..speculators_format import VERIFIER_OWNED
+
+    return VERIFIER_OWNED
 
 
 def blackwell_warning(spec, sm: int | None) -> str:

@@ -126,13 +126,17 @@ def plan_memory(m: MemoryInputs) -> MemoryPlan:
     return MemoryPlan(weights, arena, capture, kv_per_token, budget, fraction, pool, pool // kv_per_token, warning)
 
 
-def checkpoint_bytes(model_dir, float_itemsize: float, linear_itemsize: float | None = None) -> int:
+def checkpoint_bytes(model_dir, float_itemsize: float, linear_itemsize: float | None = None,
+                     exclude: tuple[str, ...] = ()) -> int:
     """Tensor bytes of a checkpoint once loaded: floating tensors at `float_itemsize`, others as stored.
     `linear_itemsize`: the quantized size of 2-D weights other than embeddings and the LM head (which
-    Model Optimizer leaves unquantized by default)."""
+    Model Optimizer leaves unquantized by default). `exclude`: tensors the engine does not load (a speculators
+    drafter's copies of its verifier's embedding and head)."""
     total = 0
     for path in weight_files(model_dir):
         for name, (dtype, shape) in tensor_specs(path).items():
+            if name in exclude:
+                continue
             size = float_itemsize if dtype in FLOAT_DTYPES else ITEMSIZE.get(dtype, 1)
             if linear_itemsize and dtype in FLOAT_DTYPES and len(shape) == 2 and not _unquantized(name):
                 size = linear_itemsize
