@@ -110,3 +110,60 @@ def test_seeded_sampling_is_reproducible(small_vocab_pair):
 def test_bad_sampling_parameters(kwargs, message):
     with pytest.raises(DFlashError, match=message):
         SamplingParams(**kwargs)
+
+
+def test_seeded_request_draws_the_same_tokens_in_any_batch(small_vocab_pair):
+    """Random numbers are a function of (seed, step, purpose, lane): batch neighbours and the slot
+    a request lands in change nothing."""
+    _, target_dir, drafter_dir = small_vocab_pair
+    gen = load_pipeline(target_dir, drafter_dir).generator
+    mine = Request(PROMPT, 16, SamplingParams(1.0, seed=3), ignore_eos=True)
+    others = [Request(PROMPT[: k + 2], 16, SamplingParams(0.8, top_k=3, seed=100 + k), ignore_eos=True)
+              for k in range(3)]
+    alone = gen.generate([mine])[0].output_ids
+    assert gen.generate(others[:2] + [mine] + others[2:])[2].output_ids == alone
+
+
+def test_sampler_draws_each_token_with_its_probability():
+    """The inverse-CDF sampler over counter-based uniforms: zero-mass tokens never, the rest at their
+    rates (the chi-square check above); rows need not be normalised."""
+    from trtllm_dflash.sampling import FIRST, SamplingBatch, sample, uniforms
+
+    n = 20000
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0, 1e-3])
+    batch = SamplingBatch.of([SamplingParams(1.0)] * n, list(range(n)), torch.zeros(n, dtype=torch.long))
+    tokens = sample((probs * 3)[None, None].expand(n, 1, -1), uniforms(batch, FIRST, 1))[:, 0]
+    counts = {(t,): c for t, c in enumerate(torch.bincount(tokens, minlength=len(probs)).tolist())}
+    assert counts[(0,)] == counts[(2,)] == counts[(5,)] == 0
+    expected = {(t,): float(p) / float(probs.sum()) for t, p in enumerate(probs)}
+    assert not chi_square_rejects(counts, expected, n)[0]
+
+
+def test_uniforms_are_uniform_and_distinct_per_stream():
+    from trtllm_dflash.sampling import ACCEPT, BONUS, PROPOSE, SamplingBatch, uniforms
+
+    n = 4000
+    batch = SamplingBatch.of([SamplingParams(1.0)] * n, list(range(n)), torch.arange(n) % 7)
+    u = uniforms(batch, PROPOSE, 8)
+    assert u.shape == (n, 8) and u.dtype == torch.float64 and 0 <= u.min() and u.max() < 1
+    flat = u.flatten().sort().values
+    ks = (flat - torch.arange(1, len(flat) + 1, dtype=torch.float64) / len(flat)).abs().max()
+    assert ks < 1.95 / math.sqrt(len(flat))  # Kolmogorov-Smirnov at alpha = 0.1 %
+    assert abs(torch.corrcoef(torch.stack([u[:, 0], u[:, 1]]))[0, 1]) < 0.06  # neighbouring lanes
+    others = [uniforms(batch, ACCEPT, 8), uniforms(SamplingBatch.of([SamplingParams(1.0)] * n, list(range(n)),
+                                                                   torch.arange(n) % 7 + 1), PROPOSE, 8)]
+    for other in others:  # another purpose, the next step: different numbers
+        assert (other != u).float().mean() > 0.99
+    assert torch.equal(uniforms(batch, BONUS, 1), uniforms(batch, BONUS, 1))
+
+
+def test_greedy_rows_get_one_hot_rows_beside_sampled_ones():
+    from trtllm_dflash.sampling import SamplingBatch, token_probs
+
+    logits = torch.randn(3, 2, 9, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(), SamplingParams(0.5), SamplingParams(0.5, top_k=2)]
+    probs = token_probs(logits, SamplingBatch.of(params, [0, 1, 2], torch.zeros(3, dtype=torch.long)))
+    torch.testing.assert_close(probs[0], torch.nn.functional.one_hot(logits[0].argmax(-1), 9).float())
+    torch.testing.assert_close(probs[1], torch.softmax(logits[1] / 0.5, -1))
+    top2 = torch.softmax((logits[2] / 0.5).masked_fill(logits[2] < logits[2].topk(2).values[:, -1:], -torch.inf), -1)
+    torch.testing.assert_close(probs[2], top2)

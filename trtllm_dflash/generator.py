@@ -18,7 +18,7 @@ from .models.attention import ForwardContext
 from .models.target import TargetModel
 from .pairing import check_block_size
 from .request import Request, Result
-from .sampling import SamplingBatch, SamplingParams, sample_rows, token_probs
+from .sampling import FIRST, SamplingBatch, SamplingParams, sample, token_probs, uniforms
 from .speculative.accept import accept
 from .speculative.base import Proposer, StepBatch
 
@@ -32,7 +32,7 @@ class Sequence:
     request: Request
     slot: int
     result: Result
-    generator: torch.Generator
+    key: int  # the request's random key (sampling.py)
     stops: frozenset[int]
     tag: object = None  # the caller's handle (a server's response sender)
     done: bool = False
@@ -46,6 +46,7 @@ class Slots:
     starts: torch.Tensor  # [S] long, committed length
     anchors: torch.Tensor  # [S] long
     active: torch.Tensor  # [S] bool: a sequence runs in the slot (free slots keep start 0)
+    steps: torch.Tensor  # [S] long: steps the slot's sequence has run (its random stream's counter)
     running: dict[int, Sequence] = field(default_factory=dict)
 
     def free(self) -> list[int]:
@@ -65,7 +66,6 @@ class Generator:
         self.slots: Slots | None = None
         self.block = proposer.max_block_size
         self.capacity = 0
-        self.idle_rng = torch.Generator()
 
     @torch.inference_mode()
     def generate(self, requests: list[Request], block_size: int | None = None) -> list[Result]:
@@ -90,7 +90,7 @@ class Generator:
         self.proposer.allocate(num_slots, capacity)
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         active = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
-        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), active), block, capacity
+        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), active, zeros.clone()), block, capacity
 
     def validate(self, request: Request) -> None:
         cfg = self.target.config
@@ -122,7 +122,7 @@ class Generator:
     def new_sequence(self, request: Request, slot: int, start: float, tag) -> Sequence:
         stops = request.stop_ids if request.stop_ids is not None else self.default_stop_ids
         return Sequence(request, slot, Result(prompt_tokens=len(request.prompt_ids), start_s=start),
-                        request.sampling.generator(), frozenset() if request.ignore_eos else frozenset(stops), tag)
+                        request.sampling.key(), frozenset() if request.ignore_eos else frozenset(stops), tag)
 
     def prefill(self, sequences: list[Sequence]) -> torch.Tensor:
         """Run the prompts (right-padded) through the target; -> each one's first token [N]."""
@@ -139,7 +139,8 @@ class Generator:
                                      capture_layer_ids=self.proposer.capture_layer_ids)
         hidden, features = self.target(ids.to(self.device), ctx)
         last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
-        first = self.first_tokens(self.target.logits(last[:, None]), self.sampling(sequences))
+        self.slots.steps[slots] = 0
+        first = self.first_tokens(self.target.logits(last[:, None]), self.sampling(sequences, self.slots.steps[slots]))
         self.proposer.commit(slots, features, positions)
         self.slots.starts[slots] = lengths
         self.slots.anchors[slots] = first
@@ -148,16 +149,17 @@ class Generator:
             seq.start = len(seq.request.prompt_ids)
         return first
 
-    def sampling(self, sequences: list[Sequence | None]) -> SamplingBatch:
+    @staticmethod
+    def sampling(sequences: list[Sequence | None], counters: torch.Tensor) -> SamplingBatch:
         params = [s.request.sampling if s else IDLE for s in sequences]
-        return SamplingBatch.of(params, [s.generator if s else self.idle_rng for s in sequences], self.device)
+        return SamplingBatch.of(params, [s.key if s else 0 for s in sequences], counters)
 
     @staticmethod
     def first_tokens(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
         # logits: [N, 1, V] -> [N]
         if sampling.all_greedy:
             return logits[:, 0].argmax(-1)
-        return sample_rows(token_probs(logits, sampling), sampling.generators)[:, 0]
+        return sample(token_probs(logits, sampling), uniforms(sampling, FIRST, 1))[:, 0]
 
     @torch.inference_mode()
     def step(self) -> list[Sequence]:
@@ -171,7 +173,7 @@ class Generator:
         n, running = len(rows), [s for s in rows if s is not None]
         starts, anchors = self.slots.starts[:n], self.slots.anchors[:n]
         max_start = max(s.start for s in running)
-        batch = StepBatch(anchors, starts, max_start, self.sampling(rows))
+        batch = StepBatch(anchors, starts, max_start, self.sampling(rows, self.slots.steps[:n]))
         drafts, draft_probs = self.proposer.propose(batch, self.block - 1)
         tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, K]
         positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
@@ -186,6 +188,7 @@ class Generator:
         self.proposer.commit(ctx.slots, features, positions)
         self.slots.starts[:n] = starts + torch.where(self.slots.active[:n], num_accepted + 1, 0)
         self.slots.anchors[:n] = bonus
+        self.slots.steps[:n] += 1
         now = time.perf_counter()
         drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
         for row, seq in enumerate(rows):

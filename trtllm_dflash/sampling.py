@@ -1,12 +1,24 @@
-"""Per-request sampling parameters and the token distributions they define."""
+"""Per-request sampling parameters, the token distributions they define, and on-device sampling.
+
+Random numbers are counter-based: every uniform is a hash of (the request's key, the step counter,
+the draw's purpose, its lane), computed with integer tensor ops on the logits' device. So sampling
+needs no host loop, no generator objects and no copies; a seeded request draws the same numbers
+whatever else shares its batch (reproducible per request); and a step can be captured in a CUDA
+graph (the counters are tensors). Tokens are drawn by inverting each row's CDF with one uniform.
+"""
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 
 import torch
 
 from .errors import DFlashError
+
+MASK32 = 0xFFFFFFFF
+# Purposes: one stream of uniforms each, so no two draws of one step share a number.
+FIRST, PROPOSE, ACCEPT, BONUS = range(4)
 
 
 @dataclass(frozen=True)
@@ -30,66 +42,107 @@ class SamplingParams:
     def greedy(self) -> bool:
         return self.temperature == 0
 
-    def generator(self) -> torch.Generator:
-        g = torch.Generator()
+    @property
+    def filtered(self) -> bool:
+        """top-k or top-p asks for the sorted path."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1)
+
+    def key(self) -> int:
+        """The request's 32-bit random key: from the seed (any int), or fresh entropy without one."""
         if self.seed is None:
-            g.seed()
-        else:
-            g.manual_seed(self.seed)
-        return g
+            return secrets.randbits(32)
+        s = self.seed & 0xFFFFFFFFFFFFFFFF
+        return (s ^ (s >> 32)) & MASK32
 
 
 @dataclass
 class SamplingBatch:
-    """Per-row sampling settings for one step: [B] tensors plus one CPU generator per row."""
+    """Per-row sampling settings for one pass, [B] tensors on the model's device, and host flags
+    (known without a device sync) that pick the fast paths."""
 
     temperature: torch.Tensor  # [B] fp32; 0 = greedy
-    top_p: torch.Tensor  # [B]
+    top_p: torch.Tensor  # [B] fp32
     top_k: torch.Tensor  # [B] long; 0 = off
-    generators: list[torch.Generator]
-    all_greedy: bool  # known on the host, so the greedy fast paths need no device sync
+    keys: torch.Tensor  # [B] long, 32-bit random keys
+    counters: torch.Tensor  # [B] long, the rows' step counters (a stream of uniforms per step)
+    all_greedy: bool
+    any_greedy: bool
+    filtered: bool  # some row uses top-k / top-p
 
     @classmethod
-    def of(cls, params: list[SamplingParams], generators: list[torch.Generator], device) -> SamplingBatch:
+    def of(cls, params: list[SamplingParams], keys: list[int], counters: torch.Tensor) -> SamplingBatch:
+        device = counters.device
         return cls(
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
-            generators=generators,
+            keys=torch.tensor(keys, dtype=torch.long, device=device),
+            counters=counters,
             all_greedy=all(p.greedy for p in params),
+            any_greedy=any(p.greedy for p in params),
+            filtered=any(p.filtered for p in params),
         )
 
 
 def token_probs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
     """logits [B, T, V] -> probabilities [B, T, V] (fp32).
 
-    Greedy rows get the one-hot of the argmax, so greedy and sampled rows share one acceptance
-    rule and greedy stays exact (first index on ties, as `torch.argmax` and `transformers` do).
+    Greedy rows get the one-hot of the argmax (written in place), so greedy and sampled rows share
+    one acceptance rule and greedy stays exact (first index on ties, as `torch.argmax` and
+    `transformers` do). The vocabulary is sorted only when some row asks for top-k or top-p.
     """
     logits = logits.float()
-    greedy = sb.temperature == 0
-    temp = torch.where(greedy, 1.0, sb.temperature)[:, None, None]
-    sorted_logits, order = torch.sort(logits / temp, dim=-1, descending=True)
-    vocab = logits.shape[-1]
-    rank = torch.arange(vocab, device=logits.device)
+    greedy = (sb.temperature == 0)[:, None, None]
+    scaled = logits / torch.where(greedy, 1.0, sb.temperature[:, None, None])
+    probs = _filtered_probs(scaled, sb) if sb.filtered else torch.softmax(scaled, dim=-1)
+    if sb.any_greedy:
+        best = logits.argmax(-1, keepdim=True)  # [B, T, 1]
+        probs.masked_fill_(greedy, 0.0).scatter_(-1, best, torch.where(greedy, 1.0, probs.gather(-1, best)))
+    return probs
+
+
+def _filtered_probs(scaled: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
+    sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+    vocab = scaled.shape[-1]
+    rank = torch.arange(vocab, device=scaled.device)
     k = torch.where(sb.top_k > 0, sb.top_k.clamp(max=vocab), vocab)[:, None, None]
-    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-    sorted_probs = torch.softmax(sorted_logits, dim=-1)
+    sorted_probs = torch.softmax(sorted_logits.masked_fill(rank >= k, float("-inf")), dim=-1)
     # top-p keeps the smallest prefix whose mass reaches p (the first token always stays).
     keep = (sorted_probs.cumsum(-1) - sorted_probs) < sb.top_p[:, None, None]
     sorted_probs = sorted_probs * keep
     sorted_probs = sorted_probs / sorted_probs.sum(-1, keepdim=True)
-    probs = torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
-    one_hot = torch.nn.functional.one_hot(logits.argmax(-1), vocab).float()
-    return torch.where(greedy[:, None, None], one_hot, probs)
+    return torch.zeros_like(sorted_probs).scatter_(-1, order, sorted_probs)
 
 
-def sample_rows(probs: torch.Tensor, generators: list[torch.Generator]) -> torch.Tensor:
-    """probs [B, T, V] -> tokens [B, T]; row b draws from generators[b] (host sync per row)."""
-    rows = [torch.multinomial(p.cpu(), 1, generator=g)[:, 0] for p, g in zip(probs, generators)]
-    return torch.stack(rows).to(probs.device)
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    # (x * c) mod 2^32 for x in [0, 2^32) without leaving int64: the product split in 16-bit halves
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & MASK32
 
 
-def uniform_rows(shape_t: int, generators: list[torch.Generator], device) -> torch.Tensor:
-    """[B, shape_t] uniforms in [0, 1), row b from generators[b]."""
-    return torch.stack([torch.rand(shape_t, generator=g) for g in generators]).to(device)
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash (Wellons' lowbias32: full avalanche), on int64 tensors in [0, 2^32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def uniforms(sb: SamplingBatch, purpose: int, t: int) -> torch.Tensor:
+    """[B, t] uniforms in [0, 1) (fp64, 48 random bits), row b from (keys[b], counters[b], purpose, lane)."""
+    lane = torch.arange(t, device=sb.keys.device)
+    h = _mix32(sb.keys)
+    h = _mix32(h ^ ((sb.counters * 4 + purpose) & MASK32))[:, None]
+    h = _mix32(h ^ lane)
+    low = _mix32(h ^ 0x9E3779B9)
+    return (h >> 8).double() * 2.0 ** -24 + (low >> 8).double() * 2.0 ** -48
+
+
+def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """probs [B, T, V] (rows need not sum to 1), u [B, T] uniforms -> tokens [B, T]: the first index
+    whose cumulative mass exceeds u times the row's total (zero-probability tokens are never drawn)."""
+    cdf = probs.cumsum(-1)
+    total = cdf[..., -1]
+    # strictly below the total, so the first larger entry is a token with mass
+    target = torch.minimum((u * total.double()).to(cdf.dtype), torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target[..., None], right=True)[..., 0].clamp_(max=probs.shape[-1] - 1)

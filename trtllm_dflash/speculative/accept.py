@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import SamplingBatch, sample_rows, token_probs, uniform_rows
+from ..sampling import ACCEPT, BONUS, SamplingBatch, sample, token_probs, uniforms
 
 
 def accept(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,
@@ -12,10 +12,11 @@ def accept(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits
     """Speculative sampling (Leviathan et al.; Chen et al.): lossless for any proposal.
 
     drafts: [B, K-1]; draft_probs q: [B, K-1, V] (None when all rows are greedy); target_logits:
-    [B, K, V] at the block's K positions, turned into p by each row's sampling settings. Draft k is accepted with probability min(1, p_k(d_k) / q_k(d_k)); at the first
-    rejection the token is drawn from normalise(max(0, p_k - q_k)); if all are accepted the bonus
-    is drawn from p_{K-1}. Every emitted token is then distributed as the target's sampling.
-    Greedy rows have one-hot p and q, which makes this exactly "accept while draft == argmax".
+    [B, K, V] at the block's K positions, turned into p by each row's sampling settings. Draft k is
+    accepted with probability min(1, p_k(d_k) / q_k(d_k)); at the first rejection the token is
+    drawn from normalise(max(0, p_k - q_k)); if all are accepted the bonus is drawn from p_{K-1}.
+    Every emitted token is then distributed as the target's sampling. Greedy rows have one-hot p
+    and q, which makes this exactly "accept while draft == argmax". All on the logits' device.
     -> num_accepted [B] long, bonus [B] long.
     """
     if sampling.all_greedy:
@@ -23,19 +24,18 @@ def accept(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits
     target_probs = token_probs(target_logits, sampling)
     num_drafts = drafts.shape[1]
     if num_drafts == 0:
-        return drafts.new_zeros(len(drafts)), sample_rows(target_probs, sampling.generators)[:, 0]
+        return drafts.new_zeros(len(drafts)), sample(target_probs, uniforms(sampling, BONUS, 1))[:, 0]
     p = target_probs[:, :-1].gather(-1, drafts[..., None])[..., 0]
     q = draft_probs.gather(-1, drafts[..., None])[..., 0]
-    u = uniform_rows(num_drafts, sampling.generators, p.device)
+    u = uniforms(sampling, ACCEPT, num_drafts).to(p.dtype)
     num_accepted = (u * q < p).long().cumprod(dim=1).sum(dim=1)
     rows = torch.arange(len(drafts), device=drafts.device)
     p_next = target_probs[rows, num_accepted]  # [B, V]
     q_next = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)[rows, num_accepted]
     residual = (p_next - q_next).clamp_min(0)
-    total = residual.sum(-1, keepdim=True)
-    # total == 0 only when p == q at that position, where a rejection has probability 0.
-    residual = torch.where(total > 0, residual / total.clamp_min(1e-30), p_next)
-    return num_accepted, sample_rows(residual[:, None], sampling.generators)[:, 0]
+    # all-zero only when p == q at that position, where a rejection has probability 0
+    residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
+    return num_accepted, sample(residual[:, None], uniforms(sampling, BONUS, 1))[:, 0]
 
 
 def _accept_greedy(drafts: torch.Tensor, target_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

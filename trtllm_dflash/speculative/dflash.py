@@ -10,7 +10,7 @@ from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..plugins.context_kv import context_kv_weights
 from ..plugins.context_kv.op import write_context_kv
-from ..sampling import SamplingBatch, sample_rows, token_probs
+from ..sampling import PROPOSE, sample, token_probs, uniforms
 from .base import Proposer, StepBatch
 
 CONTEXT_KV_PATHS = ("op", "triton", "unfused")
@@ -71,4 +71,4 @@ class DFlashProposer(Proposer):
         if sampling.all_greedy:
             return logits.argmax(-1), None
         probs = token_probs(logits, sampling)
-        return sample_rows(probs, sampling.generators), probs
+        return sample(probs, uniforms(sampling, PROPOSE, probs.shape[1])), probs
