@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from trtllm_dflash.builtin import DRAFTER, held_out_prompts
@@ -79,3 +80,20 @@ def test_shipped_pair_is_exact_and_accepts():
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert out["output_ids"] == hf_greedy(hf, prompt, 48)
     assert out["tau"] > 2.0 and max(out["acceptance_lengths"]) <= 16
+
+
+@pytest.fixture(scope="module")
+def engine(builtin, tmp_path_factory):
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
+
+    return build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path_factory.mktemp("e") / "engine"),
+                                  dtype="float32", max_seq_len=128), "test")
+
+
+def test_closed_pipe_is_quiet(engine):
+    """`dflash-build inspect --json | head` with the reader gone: no BrokenPipeError traceback."""
+    proc = subprocess.Popen([sys.executable, "-m", "trtllm_dflash.cli.build", "inspect", str(engine), "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the tool writes a byte
+    assert proc.stderr.read() == b"" and proc.wait(60) == 141
