@@ -160,3 +160,9 @@ def test_plain_engine_decodes_like_dflash_without_a_drafter(builtin, tmp_path):
     plain_out, spec_out = plain.generator.generate(requests), spec.generator.generate(requests)
     assert [r.output_ids for r in plain_out] == [r.output_ids for r in spec_out]
     assert all(r.drafted_tokens == 0 for r in plain_out) and sum(r.drafted_tokens for r in spec_out) > 0
+
+
+def test_serve_help_describes_every_option():
+    from trtllm_dflash.cli.serve import parser
+
+    assert [a.dest for a in parser()._actions if not a.help] == []

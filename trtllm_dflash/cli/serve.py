@@ -14,20 +14,23 @@ PROG = "dflash-serve"
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Serve an engine directory with Triton Inference Server.")
-    p.add_argument("engine_dir")
-    p.add_argument("--model-repo", default="triton_repo", help="where to write the model repository")
-    p.add_argument("--model-name", default="dflash")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=8001)
-    p.add_argument("--metrics-port", type=int, default=8002)
+    p.add_argument("engine_dir", help="an engine directory from dflash-build (torch or trtllm backend)")
+    p.add_argument("--model-repo", default="triton_repo", help="where to write the Triton model repository "
+                   "(default triton_repo)")
+    p.add_argument("--model-name", default="dflash", help="the model's name in request URLs (default dflash)")
+    p.add_argument("--host", default="127.0.0.1", help="address every port listens on (default 127.0.0.1, this "
+                   "machine only; 0.0.0.0 for all interfaces)")
+    p.add_argument("--http-port", type=int, default=8000, help="Triton HTTP/REST port (default 8000)")
+    p.add_argument("--grpc-port", type=int, default=8001, help="Triton gRPC port (default 8001)")
+    p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (default 8002)")
     p.add_argument("--openai-port", type=int, help="also serve the OpenAI API (/v1/models, /v1/completions, "
                    "/v1/chat/completions) on this port: torch engines through a frontend that forwards to "
                    "tritonserver, trtllm engines through TensorRT-LLM's trtllm-serve")
     p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template for /v1/chat/completions "
                    "(default: the tokenizer's)")
     p.add_argument("--max-batch-size", type=int, help="running batch (default: the engine's)")
-    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors")
+    p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors "
+                   "(default 256)")
     p.add_argument("--decoding", default="dflash", help="dflash (default) or plain: the target alone, the baseline")
     p.add_argument("--write-only", action="store_true", help="write the repository (and, for trtllm engines, its "
                    "launch scripts) and exit")
