@@ -22,14 +22,16 @@ class ReferenceDrafter:
     context every step (no draft cache), with the reference's masks for sliding-window layers."""
 
     def __init__(self, cfg: dict, weights: dict[str, torch.Tensor]):
-        from transformers import Qwen3Config
+        from transformers import AutoConfig
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding
 
+        # As the reference is loaded: AutoConfig of the config's model_type (Qwen3 layers built from it).
         self.cfg, self.w = cfg, weights
-        self.hf_cfg = Qwen3Config(**{k: v for k, v in cfg.items() if k not in ("architectures", "dflash_config")})
+        self.hf_cfg = AutoConfig.for_model(**{k: v for k, v in cfg.items() if k not in ("architectures", "dflash_config")})
         self.rotary = Qwen3RotaryEmbedding(self.hf_cfg)
-        self.eps = cfg["rms_norm_eps"]
-        self.layer_types = cfg.get("layer_types") or ["full_attention"] * cfg["num_hidden_layers"]
+        self.eps = self.hf_cfg.rms_norm_eps
+        self.layer_types = getattr(self.hf_cfg, "layer_types", None) or ["full_attention"] * cfg["num_hidden_layers"]
+        self.sliding_window = self.hf_cfg.sliding_window
 
     def norm(self, x, name):
         from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
@@ -37,6 +39,11 @@ class ReferenceDrafter:
         n = Qwen3RMSNorm(x.shape[-1], self.eps)
         n.weight.data = self.w[name]
         return n(x)
+
+    def lin(self, x, name):
+        """nn.Linear by name, with its bias when the checkpoint has one (attention_bias drafters)."""
+        out = x @ self.w[name + ".weight"].T
+        return out + self.w[name + ".bias"] if name + ".bias" in self.w else out
 
     def __call__(self, ctx_feat: torch.Tensor, block_emb: torch.Tensor, start: int) -> torch.Tensor:
         """ctx_feat: [1, start, n*H] features of positions 0..start-1; block_emb: [1, B, H] -> [1, B, H]."""
@@ -52,10 +59,9 @@ class ReferenceDrafter:
             p = f"layers.{i}."
             h = self.norm(x, p + "input_layernorm.weight")
             kv_in = torch.cat([fused, h], dim=1)
-            q = self.norm((h @ w[p + "self_attn.q_proj.weight"].T).view(1, nb, -1, d), p + "self_attn.q_norm.weight")
-            k = self.norm((kv_in @ w[p + "self_attn.k_proj.weight"].T).view(1, start + nb, -1, d),
-                          p + "self_attn.k_norm.weight")
-            v = (kv_in @ w[p + "self_attn.v_proj.weight"].T).view(1, start + nb, -1, d).transpose(1, 2)
+            q = self.norm(self.lin(h, p + "self_attn.q_proj").view(1, nb, -1, d), p + "self_attn.q_norm.weight")
+            k = self.norm(self.lin(kv_in, p + "self_attn.k_proj").view(1, start + nb, -1, d), p + "self_attn.k_norm.weight")
+            v = self.lin(kv_in, p + "self_attn.v_proj").view(1, start + nb, -1, d).transpose(1, 2)
             q, _ = apply_rotary_pos_emb(q.transpose(1, 2), q.transpose(1, 2), cos[:, -nb:], sin[:, -nb:])
             _, k = apply_rotary_pos_emb(k.transpose(1, 2), k.transpose(1, 2), cos, sin)
             rep = q.shape[1] // k.shape[1]
@@ -64,10 +70,10 @@ class ReferenceDrafter:
             qp, kp = torch.arange(start, start + nb)[:, None], torch.arange(start + nb)[None]
             visible = torch.ones(nb, start + nb, dtype=torch.bool)
             if kind == "sliding_attention":  # causal inside the window, as the reference does
-                visible &= (kp <= qp) & (qp - kp < self.cfg["sliding_window"])
+                visible &= (kp <= qp) & (qp - kp < self.sliding_window)
             scores = scores.masked_fill(~visible, float("-inf"))
             attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(1, nb, -1)
-            x = x + attn @ w[p + "self_attn.o_proj.weight"].T
+            x = x + self.lin(attn, p + "self_attn.o_proj")
             h = self.norm(x, p + "post_attention_layernorm.weight")
             gate = torch.nn.functional.silu(h @ w[p + "mlp.gate_proj.weight"].T)
             x = x + (gate * (h @ w[p + "mlp.up_proj.weight"].T)) @ w[p + "mlp.down_proj.weight"].T

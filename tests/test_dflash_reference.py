@@ -53,7 +53,7 @@ def test_trained_pair_matches_reference_step_by_step(builtin, block):
 def test_sliding_window_layers_match_reference(hf_target, workdir):
     _, target_dir = hf_target
     cfg = drafter_config(layers=3, layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-                         sliding_window=5)
+                         sliding_window=5, use_sliding_window=True)
     drafter_dir = write_drafter(workdir / f"drafter-swa-{target_dir.name}", cfg, seed=5)
     compare(target_dir, drafter_dir, list(range(3, 23)), 24, 8)
 

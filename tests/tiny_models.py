@@ -13,12 +13,25 @@ from trtllm_dflash.config import default_target_layer_ids
 VOCAB = 96
 
 
+# MoE families: several experts, a sliding window shorter than the tests' sequences.
+MOE_DEFAULTS = {
+    "gpt_oss": dict(intermediate_size=32, num_local_experts=8, num_experts_per_tok=2, sliding_window=6,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                     "truncate": False, "original_max_position_embeddings": 64,
+                                     "rope_theta": 10000.0}),
+    "qwen3_moe": dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True,
+                      use_sliding_window=True, sliding_window=7, max_window_layers=0, rope_theta=10000.0),
+}
+
+
 def hf_config(kind: str, **overrides):
-    from transformers import LlamaConfig, Qwen3Config
+    from transformers import AutoConfig, LlamaConfig, Qwen3Config
 
     common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
                   rms_norm_eps=1e-6, eos_token_id=1, tie_word_embeddings=False)
+    if kind in MOE_DEFAULTS:
+        return AutoConfig.for_model(kind, **{**common, **MOE_DEFAULTS[kind], **overrides})
     common.update(overrides)
     if kind == "qwen3":
         return Qwen3Config(rope_theta=10000.0, **common)
@@ -34,9 +47,13 @@ def make_hf_target(path: Path, kind: str = "qwen3", seed: int = 0, **overrides):
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(hf_config(kind, **overrides), attn_implementation="eager")
     with torch.no_grad():  # larger weights than the default init: sharper, more varied logits
-        for p in model.parameters():
-            if p.dim() == 2:
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
                 p.normal_(0, 0.2)
+            elif name.endswith("sinks"):
+                p.normal_(0, 1.0)
+            elif name.endswith("bias"):
+                p.normal_(0, 0.1)
     model.eval().save_pretrained(path)
     return model
 

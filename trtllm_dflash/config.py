@@ -12,18 +12,18 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DFlashError
+from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, with_defaults
+from .moe_config import MoeConfig, moe_config
 
-SUPPORTED_TARGETS = {"qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
-                     "qwen3_5": "Qwen3_5ForConditionalGeneration", "qwen3_5_text": "Qwen3_5ForCausalLM",
-                     "qwen3_next": "Qwen3NextForCausalLM"}
 # Hybrid families: Gated DeltaNet layers beside gated full attention (transformers 5.23,
 # models/qwen3_next/modeling_qwen3_next.py and models/qwen3_5/modular_qwen3_5.py).
 HYBRID_TARGETS = ("qwen3_5", "qwen3_5_text", "qwen3_next")
 # Published multimodal checkpoints nest the language model's fields under `text_config`.
 MULTIMODAL_TARGETS = ("qwen3_5",)
 LAYER_KINDS = ("full_attention", "linear_attention")
+SUPPORTED_TARGETS = {name: family.architecture for name, family in FAMILIES.items()}
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def read_config_json(model_dir: Path) -> dict[str, Any]:
@@ -66,28 +66,47 @@ class RopeConfig:
     theta: float = 10000.0
     rope_type: str = "default"
     factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    original_max_position_embeddings: int = 8192  # llama3, yarn
+    beta_fast: float = 32.0  # yarn: rotations bounding the extrapolated band
+    beta_slow: float = 1.0  # yarn: rotations bounding the interpolated band
+    truncate: bool = True  # yarn: round the band's bounds to whole dimensions (gpt-oss: false)
+    attention_factor: float | None = None  # yarn: cos/sin scale; None = 0.1 * ln(factor) + 1 (or from mscale)
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> RopeConfig:
         # transformers >= 5 writes `rope_parameters`; published checkpoints use
-        # `rope_theta` + `rope_scaling`. Both are read.
+        # `rope_theta` + `rope_scaling`. Both are read (modeling_rope_utils.py, transformers 5.23).
         params = dict(data.get("rope_scaling") or {})
         params.update(data.get("rope_parameters") or {})
         theta = params.get("rope_theta", data.get("rope_theta", 10000.0))
         rope_type = params.get("rope_type", params.get("type", "default"))
         if rope_type not in ROPE_TYPES:
             raise DFlashError(f"{source}: unsupported rope_type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
-        f = _Fields({**params, "rope_theta": theta}, source)
+        # A top-level original_max_position_embeddings wins, else max_position_embeddings (standardize_rope_params).
+        original = data.get("original_max_position_embeddings",
+                            params.get("original_max_position_embeddings", data.get("max_position_embeddings", 8192)))
+        f = _Fields({**params, "rope_theta": theta, "original_max_position_embeddings": original}, source)
+        original = f.get("original_max_position_embeddings", int, positive=True)
+        factor = params.get("factor")
+        if rope_type == "yarn" and factor is None:  # _compute_yarn_parameters: the context extension ratio
+            factor = data.get("max_position_embeddings", original) / original
         return cls(
             theta=f.get("rope_theta", float, positive=True),
             rope_type=rope_type,
-            factor=f.get("factor", float, 1.0, positive=True),
+            factor=_Fields({"factor": 1.0 if factor is None else factor}, source).get("factor", float, positive=True),
             low_freq_factor=f.get("low_freq_factor", float, 1.0, positive=True),
             high_freq_factor=f.get("high_freq_factor", float, 4.0, positive=True),
-            original_max_position_embeddings=f.get("original_max_position_embeddings", int, 8192, positive=True),
+            original_max_position_embeddings=original,
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
+            truncate=f.get("truncate", bool, True),
+            attention_factor=f.get("attention_factor", float, None),
+            mscale=f.get("mscale", float, None),
+            mscale_all_dim=f.get("mscale_all_dim", float, None),
         )
 
 
@@ -107,11 +126,21 @@ class DecoderConfig:
     max_position_embeddings: int
     attention_bias: bool = False
     mlp_bias: bool = False
-    qk_norm: bool = True  # Qwen3 normalises per-head q and k; Llama does not
+    qk_norm: bool = True  # Qwen3 normalises per-head q and k; Llama and gpt-oss do not
+    layer_types: tuple[str, ...] = ()  # full_attention / sliding_attention per layer
+    sliding_window: int | None = None  # tokens a sliding layer sees (itself included); None: no layer slides
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer` in tokens, or None for a full-attention layer."""
+        return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
     @staticmethod
-    def fields_from(data: dict[str, Any], source: str, qk_norm: bool) -> dict[str, Any]:
+    def fields_from(data: dict[str, Any], source: str, qk_norm: bool, model_type: str,
+                    drafter: bool = False, partial_rotary: bool = False) -> dict[str, Any]:
         f = _Fields(data, source)
+        rope = {**data, **(data.get("rope_scaling") or {}), **(data.get("rope_parameters") or {})}
+        if not partial_rotary and rope.get("partial_rotary_factor", 1.0) != 1.0:
+            raise DFlashError(f"{source}: unsupported partial_rotary_factor {rope['partial_rotary_factor']!r} (only 1.0)")
         heads = f.get("num_attention_heads", int, positive=True)
         hidden = f.get("hidden_size", int, positive=True)
         kv_heads = f.get("num_key_value_heads", int, heads, positive=True)
@@ -123,11 +152,13 @@ class DecoderConfig:
         act = data.get("hidden_act", "silu")
         if act != "silu":
             raise DFlashError(f"{source}: unsupported hidden_act {act!r} (only 'silu')")
+        layers = f.get("num_hidden_layers", int, positive=True)
+        layer_types, window = attention_layout(model_type, data, layers, source, drafter)
         return dict(
             vocab_size=f.get("vocab_size", int, positive=True),
             hidden_size=hidden,
             intermediate_size=f.get("intermediate_size", int, positive=True),
-            num_hidden_layers=f.get("num_hidden_layers", int, positive=True),
+            num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
@@ -137,6 +168,8 @@ class DecoderConfig:
             attention_bias=f.get("attention_bias", bool, False),
             mlp_bias=f.get("mlp_bias", bool, False),
             qk_norm=qk_norm,
+            layer_types=layer_types,
+            sliding_window=window,
         )
 
 
@@ -182,11 +215,14 @@ class TargetConfig(DecoderConfig):
     model_type: str = "qwen3"
     tie_word_embeddings: bool = False
     eos_token_ids: tuple[int, ...] = ()
-    layer_types: tuple[str, ...] = ()  # per layer: full_attention / linear_attention; empty = all full
     partial_rotary_factor: float = 1.0  # RoPE turns the first head_dim * factor channels of q and k
     attn_output_gate: bool = False  # q_proj also yields a per-channel sigmoid gate on the attention output
     unit_offset_norms: bool = False  # RMSNorm scales by (1 + weight), in fp32 (Qwen3-Next / Qwen3.5)
     linear_attention: GatedDeltaNetConfig | None = None
+    attention_sinks: bool = False  # a learned logit per head joins every softmax (gpt-oss `sinks`)
+    norm_weight_fp32: bool = False  # RMSNorm applies its weight before the cast back (gpt-oss)
+    moe: MoeConfig | None = None  # experts in the layers moe.layers; None: a dense model
+    quant_method: str | None = None  # quantization_config.quant_method of a pre-quantized checkpoint
 
     @property
     def rotary_dim(self) -> int:
@@ -210,17 +246,29 @@ class TargetConfig(DecoderConfig):
                 f"{source}: unknown architecture model_type={model_type!r} architectures={archs} "
                 f"(supported targets: {', '.join(SUPPORTED_TARGETS)})"
             )
+        family = FAMILIES[model_type]
         text = text_fields(data, source) if model_type in MULTIMODAL_TARGETS else data
-        if text.get("use_sliding_window"):
-            raise DFlashError(f"{source}: sliding-window targets are not supported (use_sliding_window=true)")
+        if model_type in HYBRID_TARGETS and text.get("use_sliding_window"):
+            raise DFlashError(f"{source}: sliding-window {model_type} targets are not supported (use_sliding_window=true)")
+        text = with_defaults(model_type, text)
         f = _Fields(text, source)
+        base = DecoderConfig.fields_from(text, source, qk_norm=family.qk_norm, model_type=model_type,
+                                         partial_rotary=model_type in HYBRID_TARGETS)
+        if model_type in HYBRID_TARGETS:
+            base.update(hybrid_fields(text, source, model_type))
         return cls(
-            **DecoderConfig.fields_from(text, source, qk_norm=model_type != "llama"),
+            **base,
             model_type=model_type,
             tie_word_embeddings=_Fields(data, source).get("tie_word_embeddings", bool, False),
             eos_token_ids=_token_ids(text.get("eos_token_id"), source, "eos_token_id"),
-            **(hybrid_fields(text, source, model_type) if model_type in HYBRID_TARGETS else {}),
+            attention_sinks=family.attention_sinks,
+            norm_weight_fp32=family.norm_weight_fp32,
+            moe=moe_config(model_type, text, source, base["num_hidden_layers"]),
+            quant_method=_quant_method(text.get("quantization_config"), source),
         )
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return self.moe is not None and layer in self.moe.layers
 
 
 def text_fields(data: dict[str, Any], source: str) -> dict[str, Any]:
@@ -265,8 +313,6 @@ class DrafterConfig(DecoderConfig):
     num_target_layers: int | None = None
     target_layer_ids: tuple[int, ...] = ()
     mask_token_id: int = 0
-    layer_types: tuple[str, ...] = ()
-    sliding_window: int | None = None
     is_causal: bool | None = None
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
@@ -283,7 +329,10 @@ class DrafterConfig(DecoderConfig):
             )
         if not isinstance(dflash, dict):
             raise DFlashError(f"{source}: field 'dflash_config' must be an object, got {dflash!r}")
-        base = DecoderConfig.fields_from(data, source, qk_norm=True)
+        check_drafter_fields(data, dflash, source)
+        model_type = data.get("model_type", DRAFTER_DEFAULT_FAMILY)
+        data = with_defaults(model_type, data)
+        base = DecoderConfig.fields_from(data, source, qk_norm=True, model_type=model_type, drafter=True)
         # dflash_config values win over top-level ones, as in the reference implementation.
         f = _Fields({**data, **dflash}, source)
         layers = base["num_hidden_layers"]
@@ -293,25 +342,60 @@ class DrafterConfig(DecoderConfig):
             if num_target_layers is None:
                 raise DFlashError(f"{source}: needs dflash_config.target_layer_ids or num_target_layers")
             ids = default_target_layer_ids(num_target_layers, layers)
-        layer_types = tuple(data.get("layer_types") or ("full_attention",) * layers)
-        if len(layer_types) != layers or not set(layer_types) <= {"full_attention", "sliding_attention"}:
-            raise DFlashError(f"{source}: field 'layer_types' must list {layers} of full_attention/sliding_attention, got {list(layer_types)}")
-        sliding = f.get("sliding_window", int, None)
-        if "sliding_attention" in layer_types and not sliding:
-            raise DFlashError(f"{source}: layer_types has sliding_attention but sliding_window is {sliding!r}")
         return cls(
             **base,
             block_size=f.get("block_size", int, 16, positive=True),
             num_target_layers=num_target_layers,
             target_layer_ids=_token_ids(ids, source, "target_layer_ids", allow_empty=False),
             mask_token_id=f.get("mask_token_id", int),
-            layer_types=layer_types,
-            sliding_window=sliding,
-            is_causal=f.get("is_causal", bool, None),
+            # vLLM's port spells it dflash_config.causal (qwen3_dflash.py _dflash_layer_causal)
+            is_causal=f.get("causal" if "causal" in dflash else "is_causal", bool, None),
             input_embedding_scale=f.get("input_embedding_scale", float, 1.0),
             output_multiplier=f.get("output_multiplier", float, 1.0),
             final_logit_softcapping=f.get("final_logit_softcapping", float, None),
         )
+
+
+# Keys of `dflash_config` this runtime reads. Any other key is refused: the field is DFlash's own
+# namespace, and ports use it for switches that change the drafter's math (vLLM qwen3_dflash.py:
+# use_swa, swa_window_size, attention_sink_bias).
+DFLASH_CONFIG_KEYS = ("mask_token_id", "target_layer_ids", "block_size", "num_target_layers", "is_causal", "causal",
+                      "input_embedding_scale", "output_multiplier", "final_logit_softcapping", "use_aux_hidden_state")
+# Top-level fields that change a drafter's math in the reference or in vLLM's port, with the value
+# at which they change nothing; any other value is refused rather than silently ignored.
+NEUTRAL_DRAFTER_FIELDS = {
+    "add_swa_attention_sink_bias": False, "is_neox_style": True, "use_aux_hidden_state": True,
+    "attn_logit_softcapping": None, "query_pre_attn_scalar": None, "conv_kernel_size": None,
+    "conv_group_size": None, "selector_rank": None, "selector_top_k": None, "markov_rank": None,
+}
+
+
+def check_drafter_fields(data: dict[str, Any], dflash: dict[str, Any], source: str) -> None:
+    """One-line refusal of drafter fields that would change the math this runtime computes."""
+    archs = data.get("architectures") or []
+    if archs and DRAFTER_ARCHITECTURE not in archs:
+        raise DFlashError(f"{source}: unsupported drafter architecture {archs} (supported: {DRAFTER_ARCHITECTURE})")
+    unknown = sorted(set(dflash) - set(DFLASH_CONFIG_KEYS))
+    if unknown:
+        raise DFlashError(f"{source}: unsupported dflash_config field '{unknown[0]}'={dflash[unknown[0]]!r} "
+                          f"(known: {', '.join(DFLASH_CONFIG_KEYS)})")
+    for key, neutral in NEUTRAL_DRAFTER_FIELDS.items():
+        value = dflash.get(key, data.get(key, neutral))
+        if value != neutral:
+            raise DFlashError(f"{source}: unsupported drafter field '{key}'={value!r} (this runtime implements {neutral!r})")
+    target_hidden = data.get("target_hidden_size")
+    if target_hidden is not None and target_hidden != data.get("hidden_size"):
+        raise DFlashError(f"{source}: unsupported target_hidden_size {target_hidden!r} != hidden_size "
+                          f"{data.get('hidden_size')!r} (fc input must be len(target_layer_ids) * hidden_size)")
+
+
+def _quant_method(quantization: Any, source: str) -> str | None:
+    if quantization is None:
+        return None
+    if not isinstance(quantization, dict) or not isinstance(quantization.get("quant_method"), str):
+        raise DFlashError(f"{source}: field 'quantization_config' must be an object with a 'quant_method' string, "
+                          f"got {quantization!r}")
+    return quantization["quant_method"]
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:

@@ -84,3 +84,10 @@ def check_linear_heads(num_k_heads: int, num_v_heads: int, world: int) -> None:
     for field, heads in (("linear_num_key_heads", num_k_heads), ("linear_num_value_heads", num_v_heads)):
         if heads % world:
             raise DFlashError(f"tensor-parallel size {world} does not divide the target's {field} {heads}")
+
+
+def check_divisible_experts(expert_intermediate: int, shared_intermediate: int, world: int) -> None:
+    """MoE experts are split inside each expert (models/moe.py), like the dense MLP."""
+    for field, size in (("moe intermediate size", expert_intermediate), ("shared expert intermediate size", shared_intermediate)):
+        if size % world:
+            raise DFlashError(f"tensor-parallel size {world} does not divide the target's {field} {size}")

@@ -2,6 +2,9 @@
 
 A shard holds exactly the tensors, names and shapes of the rank's model built with
 `Parallel(rank, world)`, so loading it is the ordinary name-and-shape-checked assignment.
+MoE experts (models/moe.py) are split inside each expert like the dense MLP: `experts.w13`
+[E, H, gate | up] by columns of each half, `experts.w2` [E, I, H] by rows of I; routers are
+replicated; gpt-oss attention sinks [H] follow their query heads.
 """
 
 from __future__ import annotations
@@ -19,11 +22,18 @@ PER_HEAD = (".linear_attn.A_log", ".linear_attn.dt_bias")  # one value per value
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
+EXPERTS = {".mlp.experts.w13": "halves", ".mlp.experts.w13_bias": "halves", ".mlp.experts.w2": "expert_rows",
+           ".mlp.experts.w2_bias": "rank0", ".self_attn.sinks": "column"}
+
+
 def _kind(name: str) -> str:
     if name in VOCAB:
         return "vocab"
     if name.endswith(PER_HEAD):
         return "column"
+    for suffix, kind in EXPERTS.items():
+        if name.endswith(suffix):
+            return kind
     for group, kinds in (("column", COLUMN), ("kv", KV), ("row", ROW), ("qkv", QKV)):
         if any(f".{k}." in name for k in kinds):
             return group
@@ -46,6 +56,12 @@ def shard_tensor(name: str, t: torch.Tensor, cfg: DecoderConfig, rank: int, worl
         return t.chunk(world, dim=0)[rank].clone()
     if kind == "qkv":
         return torch.cat([part.chunk(world, dim=0)[rank] for part in t.split(_qkv_parts(cfg))])
+    if kind == "halves":  # [..., gate | up]: the rank's columns of each half
+        return torch.cat([half.chunk(world, dim=-1)[rank] for half in t.chunk(2, dim=-1)], dim=-1)
+    if kind == "expert_rows":
+        return t.chunk(world, dim=1)[rank].clone()
+    if kind == "rank0":  # a bias added after the all-reduce's partial sums: counted once
+        return t.clone() if rank == 0 else torch.zeros_like(t)
     if kind == "kv":
         heads = split.kv_heads_of(rank)
         d = cfg.head_dim
@@ -78,6 +94,12 @@ def unshard_state(shards: list[dict[str, torch.Tensor]], cfg: DecoderConfig, voc
         elif kind == "qkv":
             local = [n // world for n in _qkv_parts(cfg)]
             full[name] = torch.cat([torch.cat([p.split(local)[i] for p in parts]) for i in range(3)])
+        elif kind == "halves":
+            full[name] = torch.cat([torch.cat([p.chunk(2, dim=-1)[h] for p in parts], dim=-1) for h in (0, 1)], dim=-1)
+        elif kind == "expert_rows":
+            full[name] = torch.cat(parts, dim=1)
+        elif kind == "rank0":
+            full[name] = parts[0]
         elif kind == "kv":
             first_rank = {split.kv_heads_of(r).start: r for r in reversed(range(world))}  # one copy per head
             full[name] = torch.cat([parts[first_rank[h]] for h in sorted(first_rank)])

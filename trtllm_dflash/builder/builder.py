@@ -14,7 +14,7 @@ from ..config import DrafterConfig, TargetConfig, read_config_json
 from ..drafter_checkpoint import DrafterCheckpoint, read_drafter
 from ..errors import DFlashError
 from ..pairing import check_block_size, validate_pair
-from ..parallel import check_divisible, check_linear_heads
+from ..parallel import check_divisible, check_divisible_experts, check_linear_heads
 from .manifest import Manifest, sha256_json
 from .output import building, check_output, publish
 from .spec import BuildSpec
@@ -67,6 +67,8 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
                         spec.tp)
         if target.linear_attention is not None:
             check_linear_heads(target.linear_attention.num_k_heads, target.linear_attention.num_v_heads, spec.tp)
+        if target.moe is not None:
+            check_divisible_experts(target.moe.intermediate_size, target.moe.shared_expert_intermediate_size, spec.tp)
     else:
         target.check_tp(spec.tp)
     check_divisible("drafter", drafter.num_attention_heads, drafter.num_key_value_heads, drafter.intermediate_size,

@@ -7,6 +7,7 @@ with `modelopt.torch.export.export_hf_checkpoint` as a Hugging Face checkpoint p
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
 
@@ -54,6 +55,23 @@ def read_calibration(path: str | None) -> list[str]:
     return prompts
 
 
+# MoE routers (gpt-oss `mlp.router`, Qwen-MoE `mlp.gate`) and Qwen's shared-expert gate choose
+# and weigh experts; a quantized router would route tokens differently. Model Optimizer leaves them
+# unquantized by default (nvidia-modelopt 0.47 modelopt_recipes/configs/ptq/units/
+# default_disabled_quantizers.yaml: '*router*', '*mlp.gate.*', '*mlp.shared_expert_gate.*').
+ROUTER_MODULES = ("mlp.router", "mlp.gate", "mlp.shared_expert_gate")
+
+
+def check_routers_excluded(model: torch.nn.Module, quant_config: dict) -> None:
+    """Every router module of the model is in the exported checkpoint's exclude_modules, or one clear error."""
+    excluded = quant_config.get("exclude_modules") or []
+    routers = [name for name, _ in model.named_modules() if name.endswith(ROUTER_MODULES)]
+    quantized = [r for r in routers if not any(fnmatch.fnmatchcase(r, pattern) for pattern in excluded)]
+    if quantized:
+        raise DFlashError(f"Model Optimizer quantized the MoE router '{quantized[0]}' ({len(quantized)} routers in all; "
+                          f"exclude_modules {excluded}): routing would change, refusing the checkpoint")
+
+
 def quantize_target(target_dir: Path, out: Path, quant: str, dtype: str, calib: str | None) -> dict:
     """Write the quantized target checkpoint to `out`; -> manifest details."""
     try:
@@ -83,5 +101,6 @@ def quantize_target(target_dir: Path, out: Path, quant: str, dtype: str, calib: 
         raise DFlashError(f"Model Optimizer {quant} quantization failed on {device}: {type(exc).__name__}: "
                           f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
     quant_config = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    check_routers_excluded(model, quant_config)
     return {"quantized_by": f"nvidia-modelopt {modelopt.__version__}", "quant_algo": quant_config.get("quant_algo"),
             "calibration": calib or f"built-in ({len(prompts)} prompts)"}

@@ -14,7 +14,8 @@ import torch
 from safetensors.torch import save_file
 
 from ..checkpoint import load_tensors
-from ..loading import DTYPES, check_weights, target_tensors, tied_weights
+from ..checkpoint_layout import target_tensors
+from ..loading import DTYPES, check_weights, tied_weights
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..sharding import shard_state
@@ -25,7 +26,7 @@ def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
     dtype, tp = DTYPES[plan.spec.dtype], plan.spec.tp
     roles = (("target", plan.target_dir, plan.target, TargetModel), ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
     for role, src, cfg, cls in roles:
-        state = target_tensors(cfg, load_tensors(src)) if role == "target" else plan.drafter_checkpoint.tensors()
+        state = target_tensors(cfg, load_tensors(src), src) if role == "target" else plan.drafter_checkpoint.tensors()
         skip = tied_weights(cfg)
         for name in skip:
             state.pop(name, None)

@@ -25,12 +25,13 @@ from .attention import AttentionSpec
 
 class RMSNorm(nn.Module):
     """unit_offset: the weight is stored as an offset from 1 and applied in fp32 before the cast back
-    (Qwen3-Next / Qwen3.5 `Qwen3NextRMSNorm`); otherwise cast back, then weight (Llama / Qwen3)."""
+    (Qwen3-Next / Qwen3.5 `Qwen3NextRMSNorm`); weight_fp32: the weight applied in fp32 before the cast
+    back (gpt-oss `GptOssRMSNorm`); otherwise cast back, then weight (Llama / Qwen3)."""
 
-    def __init__(self, dim: int, eps: float, unit_offset: bool = False):
+    def __init__(self, dim: int, eps: float, unit_offset: bool = False, weight_fp32: bool = False):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps, self.unit_offset = eps, unit_offset
+        self.eps, self.unit_offset, self.weight_fp32 = eps, unit_offset, weight_fp32
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.scale(F.rms_norm(x.float(), self.weight.shape, eps=self.eps), self.weight, x.dtype)
@@ -39,6 +40,8 @@ class RMSNorm(nn.Module):
         """normed: fp32 normalised input; weight: this norm's weight (or several norms' stacked)."""
         if self.unit_offset:
             return (normed * (1.0 + weight.float())).to(dtype)
+        if self.weight_fp32:
+            return (weight.float() * normed).to(dtype)
         return weight * normed.to(dtype)
 
 
@@ -126,10 +129,12 @@ class LMHead(nn.Module):
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
-    """Inverse frequencies [head_dim / 2], fp32, with Llama 3.1 / linear scaling applied."""
+    """Inverse frequencies [head_dim / 2], fp32, with linear / Llama 3.1 / YaRN scaling applied."""
     inv_freq = 1.0 / rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device="cpu").float() / head_dim)
     if rope.rope_type == "linear":
         return inv_freq / rope.factor
+    if rope.rope_type == "yarn":
+        return yarn_inv_freq(rope, head_dim)
     if rope.rope_type != "llama3":
         return inv_freq
     old_len = rope.original_max_position_embeddings
@@ -143,17 +148,48 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     return torch.where(medium, smoothed, scaled)
 
 
+def yarn_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
+    """YaRN (arXiv 2309.00071): dimensions rotating more than beta_fast times over the original
+    context keep their frequency, those under beta_slow are interpolated by `factor`, a linear ramp
+    between (transformers 5.23 modeling_rope_utils._compute_yarn_parameters)."""
+    def dim_of(rotations: float) -> float:  # the dimension that turns `rotations` times over the original context
+        return head_dim * math.log(rope.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(rope.theta))
+
+    low, high = dim_of(rope.beta_fast), dim_of(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32, device="cpu") - low) / max(high - low, 0.001)).clamp(0, 1)
+    extrapolation = 1 - ramp  # the share of each dimension that keeps its original frequency
+    pos_freqs = rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32, device="cpu") / head_dim)  # 1 / unscaled inv_freq
+    return 1.0 / (rope.factor * pos_freqs) * (1 - extrapolation) + 1.0 / pos_freqs * extrapolation
+
+
+def rope_attention_scaling(rope: RopeConfig) -> float:
+    """The factor YaRN multiplies cos and sin by (1 for every other rope type)."""
+    if rope.rope_type != "yarn":
+        return 1.0
+    if rope.attention_factor is not None:
+        return rope.attention_factor
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    if rope.mscale and rope.mscale_all_dim:
+        return mscale(rope.factor, rope.mscale) / mscale(rope.factor, rope.mscale_all_dim)
+    return mscale(rope.factor)
+
+
 class Rotary:
     """cos / signed-sin tables for arbitrary absolute positions, computed once per forward.
 
     Not a module: meta-device construction and `model.to(dtype)` leave the fp32 `inv_freq` alone; it is
-    copied to a device once, on first use there. Families with scaled cos/sin (YaRN's attention
-    factor) pass `scaling`.
+    copied to a device once, on first use there. YaRN scales cos/sin by its attention factor.
     """
 
-    def __init__(self, rope: RopeConfig, head_dim: int, scaling: float = 1.0):
+    def __init__(self, rope: RopeConfig, head_dim: int):
         self.inv_freq = rope_inv_freq(rope, head_dim)
-        self.scaling = scaling
+        self.scaling = rope_attention_scaling(rope)
         self._on_device: dict[torch.device, torch.Tensor] = {}
 
     def freqs_on(self, device: torch.device) -> torch.Tensor:
@@ -203,7 +239,8 @@ class Attention(nn.Module):
         self.qkv_proj = PackedLinear(h, {"q_proj": self.q_rows, "k_proj": nkv, "v_proj": nkv}, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(nq, h, bias=cfg.attention_bias)  # row-parallel
         self.tp = tp
-        self.sinks: torch.Tensor | None = None  # [H] learned sink logits, for families that have them
+        # gpt-oss: [H] learned sink logits of this rank's heads, one more column in every softmax
+        self.sinks = nn.Parameter(torch.empty(self.spec.num_heads)) if getattr(cfg, "attention_sinks", False) else None
         if cfg.qk_norm:
             offset = getattr(cfg, "unit_offset_norms", False)
             self.q_norm = RMSNorm(d, cfg.rms_norm_eps, offset)

@@ -1,5 +1,6 @@
-"""The target model: a Qwen3 / Llama 3.x decoder, or a hybrid Qwen3.5 one (Gated DeltaNet layers beside
-gated full attention), with a slot cache and layer capture."""
+"""The target model: a Qwen3 / Llama 3.x decoder, a hybrid Qwen3.5 one (Gated DeltaNet layers beside
+gated full attention), or a mixture-of-experts one (Qwen3-MoE; gpt-oss with attention sinks and
+sliding-window layers), with a slot cache and layer capture."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from ..state_cache import RecurrentState
 from .attention import ForwardContext
 from .gated_delta_net import GatedDeltaNet
 from .layers import MLP, Attention, LMHead, RMSNorm, Rotary, VocabEmbedding
+from .moe import MoE
 
 
 class HybridCache:
@@ -26,17 +28,21 @@ class HybridCache:
 
 
 class TargetLayer(nn.Module):
-    """cache_index: this layer's index among the layers of its kind (full / linear attention)."""
+    """cache_index: this layer's index among the attention layers (full and sliding-window), or among
+    the linear-attention ones."""
 
-    def __init__(self, cfg: TargetConfig, tp: Parallel, kind: str = "full_attention", cache_index: int = 0):
+    def __init__(self, cfg: TargetConfig, tp: Parallel, layer: int, kind: str = "full_attention", cache_index: int = 0):
         super().__init__()
         if kind == "linear_attention":
             self.linear_attn = GatedDeltaNet(cfg, tp)
         else:
-            self.self_attn = Attention(cfg, tp)
-        self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.unit_offset_norms)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.unit_offset_norms)
+            self.self_attn = Attention(cfg, tp, window=cfg.window(layer) if cfg.layer_types else None)
+        if cfg.is_moe_layer(layer):
+            self.mlp = MoE(cfg.moe, cfg.hidden_size, tp)
+        else:
+            self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
+        self.input_layernorm = target_norm(cfg)
+        self.post_attention_layernorm = target_norm(cfg)
         self.kind, self.cache_index = kind, cache_index
 
     def forward(self, x: torch.Tensor, ctx: ForwardContext) -> torch.Tensor:
@@ -46,6 +52,10 @@ class TargetLayer(nn.Module):
         else:
             x = x + self.self_attn(h, self.cache_index, ctx)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def target_norm(cfg: TargetConfig) -> RMSNorm:
+    return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.unit_offset_norms, cfg.norm_weight_fp32)
 
 
 class TargetModel(nn.Module):
@@ -60,9 +70,10 @@ class TargetModel(nn.Module):
         self.model = nn.Module()
         self.model.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         kinds = [cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)]
-        self.model.layers = nn.ModuleList(TargetLayer(cfg, tp, kind, kinds[:i].count(kind))
+        linear = [kind == "linear_attention" for kind in kinds]  # cache index: among layers of the same cache
+        self.model.layers = nn.ModuleList(TargetLayer(cfg, tp, i, kind, linear[:i].count(linear[i]))
                                           for i, kind in enumerate(kinds))
-        self.model.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.unit_offset_norms)
+        self.model.norm = target_norm(cfg)
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tp)
         self.rotary = Rotary(cfg.rope, cfg.rotary_dim)
 
@@ -97,11 +108,12 @@ class TargetModel(nn.Module):
         return self.lm_head(hidden)
 
     def attention_layers(self) -> list[TargetLayer]:
-        return [layer for layer in self.model.layers if layer.kind == "full_attention"]
+        return [layer for layer in self.model.layers if layer.kind != "linear_attention"]
 
     def cache_specs(self) -> list[LayerCacheSpec]:
-        """One per attention layer; families with sliding-window layers declare them here."""
-        return [LayerCacheSpec("full")] * len(self.attention_layers())
+        """One per attention layer: sliding-window layers keep a ring of their window (kv_cache.py)."""
+        windows = [layer.self_attn.spec.window for layer in self.attention_layers()]
+        return [LayerCacheSpec("full") if w is None else LayerCacheSpec("window", w) for w in windows]
 
     def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1) -> KVCache | HybridCache:
         """max_step_tokens: the longest cached pass (the verify block): it sizes window rings and the

@@ -60,12 +60,13 @@ def token_stream(files: list[SourceFile], tokenizer) -> torch.Tensor:
     return torch.tensor(ids, dtype=torch.long)
 
 
-def pretrain(stream: torch.Tensor, shape: TargetShape, cfg: PretrainConfig, eos_id: int, log=print):
-    """-> the trained transformers model (eval mode) and its per-step losses."""
+def pretrain(stream: torch.Tensor, shape: TargetShape, cfg: PretrainConfig, eos_id: int, log=print, model=None):
+    """-> the trained transformers model (eval mode) and its per-step losses. `model`: any transformers
+    causal LM to train instead of the Qwen3 of `shape` (benchmarks/moe_drafter_tau.py trains MoE ones)."""
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(cfg.seed)
-    model = Qwen3ForCausalLM(shape.hf_config(eos_id))
+    model = model if model is not None else Qwen3ForCausalLM(shape.hf_config(eos_id))
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: warmup_cosine(i, cfg.warmup, cfg.steps, floor=0.1))
     g = torch.Generator().manual_seed(cfg.seed)

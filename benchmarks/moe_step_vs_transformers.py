@@ -1,0 +1,135 @@
+"""MoE plain-decoding step cost on the CPU: this runtime against transformers at the same shapes.
+
+    python benchmarks/moe_step_vs_transformers.py [--threads 1] [--repeats 5] [--batch 8]
+
+For each family (gpt-oss, Qwen3-MoE) a random transformers model of one fixed shape (below) is
+saved and loaded by both sides in float32. One measurement: batch-8 greedy plain decoding of
+`--new-tokens` tokens after `--prompt-len`-token prompts (longer than the sliding window), timing
+only the decode steps after the prefill:
+- this runtime: `Generator.generate` with the autoregressive proposer (a step = one target pass over
+  B tokens, KV cache in place, sampling); per-step time = (finish - first token) / (tokens - 1);
+- transformers: its forward over the last tokens with `DynamicCache` and argmax, in a Python loop
+  (the model step `generate()` runs, without its logits-processor overhead), same step count.
+Both produce the same tokens (checked). Repeats are interleaved (ours, theirs, ours, ...) and the
+spread min/median/max of the per-step times and of the per-repeat ratio is recorded. Writes
+benchmarks/results/moe_step_vs_transformers.json; nothing is asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from trtllm_dflash import __version__
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+
+OUT = Path(__file__).parent / "results" / "moe_step_vs_transformers.json"
+COMMON = dict(vocab_size=2048, hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
+              head_dim=32, max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False)
+SHAPES = {
+    "gpt_oss": dict(intermediate_size=256, num_local_experts=16, num_experts_per_tok=4, sliding_window=64),
+    "qwen3_moe": dict(intermediate_size=512, moe_intermediate_size=256, num_experts=16, num_experts_per_tok=4,
+                      norm_topk_prob=True, rope_theta=10000.0),
+}
+
+
+def make_model(kind: str, path: Path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **COMMON, **SHAPES[kind]))
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0, 0.05)
+    model.eval().save_pretrained(path)
+    return model
+
+
+@torch.inference_mode()
+def hf_decode(model, prompts: torch.Tensor, new_tokens: int) -> tuple[list[list[int]], float]:
+    """-> tokens [B][new_tokens], seconds per decode step (steps after the prefill)."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    out = model(prompts, past_key_values=cache, use_cache=True)
+    tokens = [out.logits[:, -1].argmax(-1)]
+    start = time.perf_counter()
+    for _ in range(new_tokens - 1):
+        out = model(tokens[-1][:, None], past_key_values=cache, use_cache=True)
+        tokens.append(out.logits[:, -1].argmax(-1))
+    elapsed = time.perf_counter() - start
+    return torch.stack(tokens, dim=1).tolist(), elapsed / (new_tokens - 1)
+
+
+def ours_decode(gen, prompts: torch.Tensor, new_tokens: int) -> tuple[list[list[int]], float]:
+    requests = [Request(tuple(p), new_tokens, ignore_eos=True) for p in prompts.tolist()]
+    results = gen.generate(requests)
+    step = max(r.finish_s for r in results) - min(r.first_token_s for r in results)
+    return [r.output_ids for r in results], step / (new_tokens - 1)
+
+
+def spread(values: list[float]) -> dict:
+    return {"min": min(values), "median": statistics.median(values), "max": max(values)}
+
+
+def run_family(kind: str, args, root: Path) -> dict:
+    hf = make_model(kind, root / kind)
+    gen = load_pipeline(root / kind).generator
+    prompts = torch.randint(0, COMMON["vocab_size"], (args.batch, args.prompt_len), generator=torch.Generator().manual_seed(1))
+    expected, _ = hf_decode(hf, prompts, args.new_tokens)  # warm-up, and the reference tokens
+    got, _ = ours_decode(gen, prompts, args.new_tokens)
+    if got != expected:
+        raise SystemExit(f"{kind}: outputs differ from transformers")
+    ours, theirs = [], []
+    for _ in range(args.repeats):
+        ours.append(ours_decode(gen, prompts, args.new_tokens)[1])
+        theirs.append(hf_decode(hf, prompts, args.new_tokens)[1])
+    ratios = [t / o for o, t in zip(ours, theirs)]
+    print(f"{kind:10s} step ms: ours {1e3 * statistics.median(ours):.2f}  transformers "
+          f"{1e3 * statistics.median(theirs):.2f}  speedup x{statistics.median(ratios):.2f} "
+          f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
+    return {"shape": {**COMMON, **SHAPES[kind]}, "step_s_ours": spread(ours), "step_s_transformers": spread(theirs),
+            "speedup_transformers_over_ours": spread(ratios), "outputs_identical": True}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=96)
+    p.add_argument("--new-tokens", type=int, default=64)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = {kind: run_family(kind, args, Path(tmp)) for kind in SHAPES}
+    record = {
+        "command": "python " + " ".join(sys.argv),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": args.threads,
+                    "torch": torch.__version__, "python": platform.python_version(),
+                    "load_average_at_end": os.getloadavg()},
+        "trtllm_dflash": __version__,
+        "settings": {"batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
+                     "repeats": args.repeats, "dtype": "float32", "greedy": True,
+                     "transformers": __import__("transformers").__version__},
+        "results": results,
+    }
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written: {OUT}")
+
+
+if __name__ == "__main__":
+    main()

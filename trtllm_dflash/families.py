@@ -1,0 +1,123 @@
+"""What each `model_type` means for the math: defaults, attention layout, sinks, MoE layers.
+
+Rules read from transformers 5.23 `models/<type>/configuration_<type>.py` (defaults, `__post_init__`)
+and `modeling_<type>.py` (which layers slide, which carry experts). A field absent from
+config.json takes the value the transformers config class gives it, because that is what every
+serving stack builds (vLLM and SGLang load configs through `AutoConfig`, and so does the DFlash
+reference drafter loaded with `trust_remote_code`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import DFlashError
+
+FULL, SLIDING = "full_attention", "sliding_attention"
+
+# GptOssConfig.__post_init__ (configuration_gpt_oss.py, transformers 5.23): rope_parameters when
+# neither rope_parameters nor rope_scaling is given.
+GPT_OSS_ROPE = {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                "original_max_position_embeddings": 4096}
+
+
+def _qwen3_layout(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
+    # Qwen3Config.__post_init__: the window only exists with use_sliding_window; without layer_types,
+    # layers from max_window_layers (default 28) on slide.
+    window = data.get("sliding_window") if data.get("use_sliding_window") else None
+    types = data.get("layer_types")
+    if types is None:
+        first = data.get("max_window_layers", 28)
+        types = [SLIDING if window is not None and i >= first else FULL for i in range(layers)]
+    return types, window
+
+
+def _qwen3_moe_layout(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
+    # Qwen3MoeModel: one mask for every layer, sliding when config.sliding_window is set
+    # (Qwen3MoeConfig nulls it unless use_sliding_window); the config has no layer_types.
+    window = data.get("sliding_window") if data.get("use_sliding_window") else None
+    return [SLIDING if window is not None else FULL] * layers, window
+
+
+def _gpt_oss_layout(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
+    # GptOssConfig.__post_init__: layers alternate sliding, full, sliding, ... by default.
+    types = data.get("layer_types")
+    if types is None:
+        types = [SLIDING if (i + 1) % 2 else FULL for i in range(layers)]
+    return types, data.get("sliding_window", 128)
+
+
+def _no_sliding(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
+    return [FULL] * layers, None  # LlamaAttention has no sliding window
+
+
+def _as_stored(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
+    # A config class without these fields keeps them as plain attributes, which the reference
+    # drafter's attention reads (`getattr(config, "layer_types", None)`, `config.sliding_window`).
+    return data.get("layer_types") or [FULL] * layers, data.get("sliding_window")
+
+
+def _as_stored_window_flag(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
+    # Qwen3MoeConfig: no layer_types field, sliding_window nulled unless use_sliding_window.
+    types, window = _as_stored(data, layers)
+    return types, window if data.get("use_sliding_window") else None
+
+
+Layout = Callable[[dict[str, Any], int], tuple[Any, int | None]]
+
+
+@dataclass(frozen=True)
+class Family:
+    architecture: str
+    qk_norm: bool  # per-head RMSNorm of q and k (Qwen3)
+    layout: Layout  # the target model's sliding layers and window
+    drafter_layout: Layout  # what a DFlash drafter (Qwen3 layers) configured with this model_type reads
+    attention_sinks: bool = False  # a learned per-head logit in every softmax (gpt-oss)
+    norm_weight_fp32: bool = False  # RMSNorm: (weight * normed).to(dtype) (GptOssRMSNorm)
+    defaults: dict[str, Any] = field(default_factory=dict)  # config-class defaults that change the math
+
+
+FAMILIES = {
+    "qwen3": Family("Qwen3ForCausalLM", qk_norm=True, layout=_qwen3_layout, drafter_layout=_qwen3_layout),
+    "llama": Family("LlamaForCausalLM", qk_norm=False, layout=_no_sliding, drafter_layout=_as_stored),
+    "qwen3_moe": Family("Qwen3MoeForCausalLM", qk_norm=True, layout=_qwen3_moe_layout,
+                        drafter_layout=_as_stored_window_flag),
+    "gpt_oss": Family("GptOssForCausalLM", qk_norm=False, layout=_gpt_oss_layout, drafter_layout=_gpt_oss_layout,
+                      attention_sinks=True, norm_weight_fp32=True,
+                      defaults={"attention_bias": True, "rms_norm_eps": 1e-5, "rope_theta": 150000.0,
+                                "sliding_window": 128, "swiglu_alpha": 1.702, "swiglu_limit": 7.0}),
+    # Hybrid Gated DeltaNet families (config.py hybrid_fields reads their linear/full layer kinds).
+    "qwen3_5": Family("Qwen3_5ForConditionalGeneration", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
+    "qwen3_5_text": Family("Qwen3_5ForCausalLM", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
+    "qwen3_next": Family("Qwen3NextForCausalLM", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
+}
+# A drafter is Qwen3 layers built from the config class its model_type names (vLLM and SGLang load it
+# with AutoConfig); an unknown type is read as Qwen3Config, the reference drafter's config_class.
+DRAFTER_DEFAULT_FAMILY = "qwen3"
+
+
+def with_defaults(model_type: str, data: dict[str, Any]) -> dict[str, Any]:
+    """config.json with the family's config-class defaults filled in where a key is absent."""
+    fam = FAMILIES.get(model_type)
+    if fam is None:
+        return data
+    filled = {**fam.defaults, **data}
+    if model_type == "gpt_oss" and "rope_parameters" not in data and "rope_scaling" not in data:
+        filled["rope_parameters"] = dict(GPT_OSS_ROPE)
+    return filled
+
+
+def attention_layout(model_type: str, data: dict[str, Any], layers: int, source: str,
+                     drafter: bool = False) -> tuple[tuple[str, ...], int | None]:
+    """-> (layer_types, sliding_window): which layers slide and the window in tokens (None: none do)."""
+    fam = FAMILIES.get(model_type, FAMILIES[DRAFTER_DEFAULT_FAMILY])
+    types, window = (fam.drafter_layout if drafter else fam.layout)(data, layers)
+    if not isinstance(types, list | tuple) or len(types) != layers or not set(types) <= {FULL, SLIDING}:
+        raise DFlashError(f"{source}: field 'layer_types' must list {layers} of {FULL}/{SLIDING}, got {types!r}")
+    if window is not None and (not isinstance(window, int) or isinstance(window, bool) or window < 1):
+        raise DFlashError(f"{source}: field 'sliding_window' must be a positive int, got {window!r}")
+    if SLIDING in types and window is None:
+        hint = " (use_sliding_window is false)" if "use_sliding_window" in data or model_type != "gpt_oss" else ""
+        raise DFlashError(f"{source}: layer_types has {SLIDING} but no sliding_window{hint}")
+    return tuple(types), window if SLIDING in types else None

@@ -1,0 +1,112 @@
+"""The validated mixture-of-experts config of a target, read from its config.json.
+
+One `MoeConfig` describes every MoE block of a model: how tokens are routed, what one expert
+computes, and which decoder layers have experts instead of a dense MLP. Field names and defaults
+follow transformers 5.23 (`GptOssConfig`, `Qwen3MoeConfig`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import DFlashError
+
+ROUTINGS = ("softmax_topk", "topk_softmax")
+ACTIVATIONS = ("silu", "clamped_swiglu")
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # of one routed expert
+    # "softmax_topk": softmax over all experts in fp32, keep the top k (Qwen3MoeTopKRouter);
+    # "topk_softmax": keep the top k logits, softmax over those (GptOssTopKRouter).
+    routing: str = "softmax_topk"
+    norm_topk_prob: bool = False  # softmax_topk: renormalise the kept probabilities to sum to 1
+    router_bias: bool = False
+    expert_bias: bool = False  # gate_up and down biases per expert (gpt-oss)
+    # "silu": silu(gate) * up. "clamped_swiglu" (GptOssExperts._apply_gate): gate clamped above at
+    # swiglu_limit, up to [-limit, limit], out = (up + 1) * gate * sigmoid(swiglu_alpha * gate).
+    activation: str = "silu"
+    swiglu_limit: float = 7.0
+    swiglu_alpha: float = 1.702
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+    shared_expert_gate: bool = False  # shared output scaled by sigmoid(Linear(hidden, 1))
+    layers: tuple[int, ...] = ()  # decoder layers whose MLP is this block; the others are dense
+
+    def __post_init__(self):
+        if self.routing not in ROUTINGS or self.activation not in ACTIVATIONS:
+            raise ValueError(f"routing {self.routing!r} / activation {self.activation!r} not in {ROUTINGS} / {ACTIVATIONS}")
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"top_k {self.top_k} must be in 1..num_experts {self.num_experts}")
+
+
+def _int(data: dict[str, Any], source: str, *keys: str, default: Any = ...) -> int:
+    """The first of `keys` present (configs spell some fields two ways), a positive int."""
+    for key in keys:
+        if key in data:
+            value = data[key]
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise DFlashError(f"{source}: field '{key}' must be a positive int, got {value!r}")
+            return value
+    if default is ...:
+        raise DFlashError(f"{source}: missing required field '{keys[0]}'")
+    return default
+
+
+def _float(data: dict[str, Any], source: str, key: str, default: float) -> float:
+    value = data.get(key, default)
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise DFlashError(f"{source}: field '{key}' must be a number, got {value!r}")
+    return float(value)
+
+
+def _gpt_oss(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
+    # GptOssMLP in every layer; intermediate_size is the expert's; router and experts carry biases.
+    experts = _int(data, source, "num_local_experts", "num_experts")
+    return MoeConfig(
+        num_experts=experts,
+        top_k=_top_k(data, source, experts, "num_experts_per_tok", "experts_per_token"),
+        intermediate_size=_int(data, source, "intermediate_size"),
+        routing="topk_softmax", router_bias=True, expert_bias=True, activation="clamped_swiglu",
+        swiglu_limit=_float(data, source, "swiglu_limit", 7.0), swiglu_alpha=_float(data, source, "swiglu_alpha", 1.702),
+        layers=tuple(range(layers)),
+    )
+
+
+def _qwen3_moe(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
+    # Qwen3MoeDecoderLayer: experts unless the layer is in mlp_only_layers or
+    # (layer + 1) % decoder_sparse_step != 0; dense layers use intermediate_size.
+    experts = _int(data, source, "num_experts", "num_local_experts")
+    step = _int(data, source, "decoder_sparse_step", default=1)
+    dense = data.get("mlp_only_layers") or []
+    if not isinstance(dense, list) or not all(isinstance(i, int) and 0 <= i < layers for i in dense):
+        raise DFlashError(f"{source}: field 'mlp_only_layers' must list layer ids in 0..{layers - 1}, got {dense!r}")
+    norm = data.get("norm_topk_prob", False)
+    if not isinstance(norm, bool):
+        raise DFlashError(f"{source}: field 'norm_topk_prob' must be bool, got {norm!r}")
+    return MoeConfig(
+        num_experts=experts,
+        top_k=_top_k(data, source, experts, "num_experts_per_tok"),
+        intermediate_size=_int(data, source, "moe_intermediate_size"),
+        norm_topk_prob=norm,
+        layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
+    )
+
+
+def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str) -> int:
+    k = _int(data, source, *keys)
+    if k > experts:
+        raise DFlashError(f"{source}: field '{keys[0]}' {k} exceeds the number of experts {experts}")
+    return k
+
+
+MOE_FAMILIES = {"gpt_oss": _gpt_oss, "qwen3_moe": _qwen3_moe}
+
+
+def moe_config(model_type: str, data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
+    """The MoE config of a target's config.json, or None for a dense model type."""
+    parse = MOE_FAMILIES.get(model_type)
+    return parse(data, source, layers) if parse else None
