@@ -197,6 +197,20 @@ def test_counter_reset_or_missing_scrape_gives_no_acceptance():
     assert counters.snapshot(counters.parse_prometheus("nv_inference_count 3\n")) is None
 
 
+def test_draft_lengths_from_the_step_counters_and_histogram():
+    text = ("dflash_decode_steps_total 140\ndflash_plain_steps_total 40\n"
+            "# TYPE dflash_step_draft_length histogram\n"
+            'dflash_step_draft_length_bucket{le="0"} 40\ndflash_step_draft_length_bucket{le="15"} 140\n'
+            "dflash_step_draft_length_sum 700\ndflash_step_draft_length_count 140\n")
+    before = counters.snapshot(counters.parse_prometheus(text.replace("140", "40").replace(" 700", " 100")
+                                                       .replace("plain_steps_total 40", "plain_steps_total 10")))
+    delta = counters.difference(before, counters.snapshot(counters.parse_prometheus(text)))
+    assert delta == {"decode_steps": 100, "plain_steps": 30, "draft_len_sum": 600}
+    assert counters.draft_lengths(delta) == pytest.approx((6.0, 0.3))
+    assert counters.draft_lengths({"draft_steps": 3}) == (None, None)  # a server without the step counters
+    assert counters.draft_lengths({"decode_steps": 0, "plain_steps": 0, "draft_len_sum": 0}) == (None, None)
+
+
 def test_point_acceptance_from_counters_and_responses():
     recs = [record(0, 0.1, 1, 10, accepted_draft_tokens=6, draft_tokens=14),
             record(0, 0.1, 1, 10, accepted_draft_tokens=1, draft_tokens=21)]

@@ -62,6 +62,9 @@ def check_run(run, srv, points, per_point):
         assert p["acceptance_rate"] == pytest.approx(accepted / drafted, abs=1e-12)
         assert p["acceptance_rate_responses"] == pytest.approx(p["acceptance_rate"], abs=1e-12)
         assert p["acceptance_length"] == pytest.approx(1 + accepted / delta["draft_steps"])
+        # every batch step drafted 0..block-1 tokens per request; a request is in at most every step
+        assert delta["decode_steps"] >= max(r["server_draft_tokens"] > 0 for r in mine)
+        assert 0 <= p["draft_len_mean"] <= srv["block"] - 1 and 0 <= p["plain_step_share"] <= 1
         assert p["output_tokens"] == 16 * per_point and p["total_throughput_per_gpu"] > 0
         tpots = [r["tpot_s"] for r in mine if r["tpot_s"] is not None]
         assert p["tpot_undefined"] == per_point - len(tpots)

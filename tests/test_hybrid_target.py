@@ -1,6 +1,7 @@
 """Qwen3.5 hybrid targets (Gated DeltaNet + gated attention) against transformers, and the
 speculative rollback of their recurrent state."""
 
+import itertools
 import json
 
 import pytest
@@ -12,6 +13,7 @@ from tiny_models import VOCAB, add_tokenizer, hf_generate, make_hf_hybrid, write
 from trtllm_dflash.builder.builder import build_engine
 from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.config import TargetConfig
+from trtllm_dflash.draft_length.policy import DraftLenPolicy
 from trtllm_dflash.engine import generate_with_engine
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.generator import Generator
@@ -174,6 +176,27 @@ def test_batch_with_different_acceptance_in_one_step_stays_exact(hybrid):
     steps = list(zip(*(r.acceptance_lengths for r in results)))
     assert any(len(set(step)) == 3 for step in steps)  # three different acceptances in one step
     assert max(max(s) for s in steps) == 6 and min(min(s) for s in steps) == 1
+
+
+class CyclingDraftLen(DraftLenPolicy):
+    def __init__(self, lengths):
+        self.lengths = itertools.cycle(lengths)
+
+    def choose(self, batch):
+        return next(self.lengths)
+
+
+@text_only
+def test_draft_length_chosen_per_step_stays_exact(hybrid):
+    """Plain steps (a lone anchor, committed in the pass) between shorter and full blocks: the
+    recurrent state rolls back right whatever width each step verifies."""
+    _, path, expected = hybrid
+    gen = Generator(load_target(path).model, ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)]))
+    gen.policy = CyclingDraftLen([0, 5, 2, 0, 1, 4, 3])
+    results = gen.generate([Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == expected
+    assert set(results[0].draft_lengths) == {0, 1, 2, 3, 4, 5}
+    assert any(a > 1 for a in results[0].acceptance_lengths)  # drafts were accepted, not only rejected
 
 
 @pytest.mark.parametrize("hybrid", ["multimodal"], indirect=True)

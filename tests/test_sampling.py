@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tiny_models import drafter_config, make_hf_target, write_drafter
+from trtllm_dflash.draft_length.policy import DraftLenPolicy
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
@@ -84,6 +85,40 @@ def test_speculative_sampling_follows_target_distribution(small_vocab_pair, para
     accepted = sum(r.accepted_tokens for r in results)
     assert 0.1 * drafted < accepted < 0.9 * drafted  # both acceptance and rejection were exercised
     rejects, stat, critical = chi_square_rejects(counts, probs, SAMPLES)
+    assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}"
+
+
+class FollowsAcceptance(DraftLenPolicy):
+    """Each step's draft length depends on what the target accepted before (as the cost-based policy's
+    does): the case where a careless implementation would bias the output. Row 0 steers every row."""
+
+    def __init__(self):
+        self.start = self.k = 0
+
+    def prepare(self, generator):  # every batch starts elsewhere: each k in 0..3 (block 4) comes first
+        self.start = self.k = (self.start + 1) % 4
+
+    def choose(self, batch):
+        return self.k
+
+    def observe(self, slots, draft_len, accepted):
+        self.k = (draft_len + accepted[0] + 1) % 4
+
+
+def test_sampling_stays_lossless_when_the_draft_length_follows_acceptance(small_vocab_pair):
+    hf, target_dir, drafter_dir = small_vocab_pair
+    gen = load_pipeline(target_dir, drafter_dir).generator
+    gen.policy = FollowsAcceptance()
+    counts, results, batches = {}, [], 8
+    for b in range(batches):  # a batch decodes all its rows with one k per step: vary k across batches
+        requests = [Request(PROMPT, N_NEW, SamplingParams(1.0, seed=b * SAMPLES + i), ignore_eos=True)
+                    for i in range(SAMPLES // batches)]
+        results += gen.generate(requests)
+    for r in results:
+        counts[tuple(r.output_ids)] = counts.get(tuple(r.output_ids), 0) + 1
+    assert {r.draft_lengths[0] for r in results} == {0, 1, 2, 3}
+    assert sum(r.accepted_tokens for r in results) > 0.1 * sum(r.drafted_tokens for r in results) > 0
+    rejects, stat, critical = chi_square_rejects(counts, exact_distribution(hf, SamplingParams(1.0)), len(results))
     assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}"
 
 

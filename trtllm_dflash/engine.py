@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import queue
 import socket
+import sys
 from pathlib import Path
 
 import torch
@@ -19,6 +20,7 @@ import torch.multiprocessing as mp
 from .builder.manifest import Manifest
 from .checkpoint import load_tokenizer, read_safetensors, stop_token_ids
 from .config import DrafterConfig, TargetConfig, read_config_json
+from .draft_length.settings import AUTO, make_policy
 from .errors import DFlashError
 from .generator import Generator
 from .loading import DTYPES, LoadedDrafter, LoadedTarget, drafter_from_tensors, target_from_tensors
@@ -65,17 +67,29 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
 
 
 def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,
-                         device: str = "cpu") -> list[Result]:
+                         device: str = "cpu", draft_len: str | int | None = AUTO) -> list[Result]:
+    """draft_len: see draft_length/settings.py. Ranks of a TP > 1 engine run independently here, so they
+    must choose alike: 'auto' (timed per rank) becomes the whole block there; N and schedules are kept."""
     check_device(device)
     manifest = read_torch_manifest(Path(engine_dir))
+    if manifest.tp_size > 1 and str(draft_len or AUTO) == AUTO:
+        draft_len = manifest.block_size - 1
     if dist.is_available() and dist.is_initialized():  # under torchrun: this process is one rank
         if dist.get_world_size() != manifest.tp_size:
             raise DFlashError(f"world size {dist.get_world_size()} != the engine's tp_size {manifest.tp_size}")
-        return load_engine(engine_dir, dist.get_rank(), rank_device(device, dist.get_rank())).generator.generate(
-            requests, block_size)
+        return run_rank(engine_dir, dist.get_rank(), rank_device(device, dist.get_rank()), requests, block_size,
+                        draft_len)
     if manifest.tp_size == 1:
-        return load_engine(engine_dir, 0, device).generator.generate(requests, block_size)
-    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device)
+        return run_rank(engine_dir, 0, device, requests, block_size, draft_len)
+    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device, draft_len)
+
+
+def run_rank(engine_dir, rank: int, device: str, requests: list[Request], block_size: int | None,
+             draft_len) -> list[Result]:
+    generator = load_engine(engine_dir, rank, device).generator
+    log = (lambda line: print(f"dflash: {line}", file=sys.stderr)) if rank == 0 else None
+    generator.policy = make_policy(draft_len, generator.block - 1, Path(engine_dir), log)
+    return generator.generate(requests, block_size)
 
 
 def init_from_torchrun(device: str) -> None:
@@ -88,12 +102,12 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
 
 
-def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device) -> list[Result]:
+def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device, draft_len) -> list[Result]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(engine_dir), requests, block_size, device,
-                                                  results), daemon=True) for r in range(world)]
+                                                  draft_len, results), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -121,12 +135,12 @@ def _collect(results, procs) -> list[Result]:
     return payload
 
 
-def _rank_main(rank, world, port, engine_dir, requests, block_size, device, results) -> None:
+def _rank_main(rank, world, port, engine_dir, requests, block_size, device, draft_len, results) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world,
                                 init_method=f"tcp://127.0.0.1:{port}")
-        out = load_engine(engine_dir, rank, rank_device(device, rank)).generator.generate(requests, block_size)
+        out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, draft_len)
         if rank == 0:
             results.put(("ok", out))
     except DFlashError as exc:

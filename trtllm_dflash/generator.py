@@ -3,7 +3,8 @@
 Requests decode together, each in its own cache slot, at its own positions and with its own
 acceptance. Slots persist across steps, so requests can join between steps (`admit`) and leave
 when finished: `generate()` runs a fixed batch to completion; a server calls `allocate` once, then
-`admit` and `step` as requests arrive (inflight batching).
+`admit` and `step` as requests arrive (inflight batching). Each step drafts k tokens per request,
+k chosen by the draft-length policy (k = 0: a plain step, the target alone); any k is exact.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .draft_length.policy import BatchView, DraftLenPolicy, FixedDraftLen
 from .errors import DFlashError
 from .models.attention import ForwardContext
 from .models.target import TargetModel
@@ -66,6 +68,7 @@ class Generator:
         self.slots: Slots | None = None
         self.block = proposer.max_block_size
         self.capacity = 0
+        self.policy: DraftLenPolicy = FixedDraftLen()  # the whole block every step, unless told otherwise
 
     @torch.inference_mode()
     def generate(self, requests: list[Request], block_size: int | None = None) -> list[Result]:
@@ -91,6 +94,7 @@ class Generator:
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         active = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
         self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), active, zeros.clone()), block, capacity
+        self.policy.prepare(self)
 
     def validate(self, request: Request) -> None:
         cfg = self.target.config
@@ -112,6 +116,7 @@ class Generator:
         slots = free[: len(requests)]
         sequences = [self.new_sequence(r, s, start, tag) for r, s, tag in zip(requests, slots, tags or [None] * len(requests))]
         first = self.prefill(sequences)
+        self.policy.admit(slots)
         now = time.perf_counter()
         for seq, token in zip(sequences, first.tolist()):
             self.slots.running[seq.slot] = seq
@@ -161,20 +166,34 @@ class Generator:
             return logits[:, 0].argmax(-1)
         return sample(token_probs(logits, sampling), uniforms(sampling, FIRST, 1))[:, 0]
 
-    @torch.inference_mode()
-    def step(self) -> list[Sequence]:
-        """One speculative step for every running sequence: draft a block, verify it, accept a prefix.
+    def batch_view(self, running: list[Sequence]) -> BatchView:
+        """The running batch as the policy sees it, from host-side lengths (no device sync)."""
+        return BatchView([s.slot for s in running], max(s.start for s in running),
+                         [s.request.max_new_tokens - len(s.result.output_ids) for s in running], self.block - 1)
 
+    def draft_len(self, running: list[Sequence]) -> int:
+        """The policy's draft length for the next step of `running` (0..block - 1)."""
+        return max(0, min(self.policy.choose(self.batch_view(running)), self.block - 1))
+
+    @torch.inference_mode()
+    def step(self, draft_len: int | None = None) -> list[Sequence]:
+        """One speculative step for every running sequence: draft k tokens, verify them, accept a prefix.
+
+        k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
         Rows are slots 0..highest running (free slots in between compute junk that is discarded).
         -> the sequences that ran (finished ones have `done` set and have left their slots)."""
         if not self.slots.running:
             return []
         rows = self.slots.rows()
         n, running = len(rows), [s for s in rows if s is not None]
+        k = self.draft_len(running) if draft_len is None else draft_len
         starts, anchors = self.slots.starts[:n], self.slots.anchors[:n]
         max_start = max(s.start for s in running)
         batch = StepBatch(anchors, starts, max_start, self.sampling(rows, self.slots.steps[:n]))
-        drafts, draft_probs = self.proposer.propose(batch, self.block - 1)
+        if k > 0:
+            drafts, draft_probs = self.proposer.propose(batch, k)
+        else:  # a plain step: the drafter does not run
+            drafts, draft_probs = anchors.new_zeros((n, 0)), None
         tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, K]
         positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
         # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
@@ -191,15 +210,26 @@ class Generator:
         self.slots.steps[:n] += 1
         now = time.perf_counter()
         drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
+        self.policy.observe([s.slot for s in running], k, [accepted[s.slot] for s in running])
         for row, seq in enumerate(rows):
             if seq is None:
                 continue
             a = accepted[row]
             seq.start += a + 1
-            seq.result.drafted_tokens += drafts.shape[1]
+            seq.result.drafted_tokens += k
             seq.result.accepted_tokens += a
+            seq.result.draft_lengths.append(k)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
+
+    def hold(self, sequences: list[Sequence], length: int) -> None:
+        """Pin sequences at committed length `length` with no output yet. For calibration: a step then
+        costs what it costs at that context (the cache holds junk there, which attends the same)."""
+        slots = torch.tensor([s.slot for s in sequences], device=self.device)
+        self.slots.starts[slots] = length
+        for seq in sequences:
+            seq.start = length
+            seq.result.output_ids.clear()
 
     def emit(self, seq: Sequence, tokens: list[int], now: float) -> int:
         """Append tokens up to the stop token or length limit; a finished sequence frees its slot.

@@ -54,6 +54,7 @@ class Result:
     finish_s: float = 0.0
     drafted_tokens: int = 0  # drafts proposed to the target
     accepted_tokens: int = 0  # drafts the target accepted
+    draft_lengths: list[int] = field(default_factory=list)  # drafts per verify step (0: a plain step)
 
     @property
     def tau(self) -> float:
@@ -80,4 +81,5 @@ class Result:
         return dict(output_ids=self.output_ids, acceptance_lengths=self.acceptance_lengths, tau=self.tau,
                     ttft_s=self.ttft_s, tpot_s=self.tpot_s, tokens_per_s=self.tokens_per_s,
                     finish_reason=self.finish_reason, prompt_tokens=self.prompt_tokens,
-                    drafted_tokens=self.drafted_tokens, accepted_tokens=self.accepted_tokens)
+                    drafted_tokens=self.drafted_tokens, accepted_tokens=self.accepted_tokens,
+                    draft_lengths=self.draft_lengths)

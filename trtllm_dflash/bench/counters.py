@@ -17,6 +17,9 @@ COUNTERS = {
     "draft_steps": "dflash_draft_steps_total",
     "drafted_tokens": "dflash_drafted_tokens_total",
     "accepted_tokens": "dflash_accepted_tokens_total",
+    "decode_steps": "dflash_decode_steps_total",  # batch steps
+    "plain_steps": "dflash_plain_steps_total",  # ... that drafted nothing
+    "draft_len_sum": "dflash_step_draft_length_sum",  # the draft-length histogram's sum over batch steps
 }
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -49,6 +52,15 @@ def difference(before: dict[str, float] | None, after: dict[str, float] | None) 
     if any(v < 0 for v in delta.values()):
         return None
     return delta
+
+
+def draft_lengths(delta: dict[str, float] | None) -> tuple[float | None, float | None]:
+    """-> (mean draft length per batch step, share of plain steps) over the point; None where the server
+    does not export them or took no step."""
+    steps = (delta or {}).get("decode_steps", 0)
+    if not steps or "draft_len_sum" not in delta or "plain_steps" not in delta:
+        return None, None
+    return delta["draft_len_sum"] / steps, delta["plain_steps"] / steps
 
 
 def acceptance(delta: dict[str, float] | None) -> tuple[float | None, float | None]:

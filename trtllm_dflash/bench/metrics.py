@@ -85,7 +85,9 @@ def summarize_point(point: LoadPoint, records: Sequence[RequestRecord], num_gpus
     summary["interactivity_p99"] = _per_s(summary["tpot_ms_p99"])
     summary.update(throughput(records, wall, num_gpus))
     length, rate = counters.acceptance(counter_delta)
-    summary.update({"acceptance_length": length, "acceptance_rate": rate,
+    draft_len, plain_share = counters.draft_lengths(counter_delta)
+    summary.update({"acceptance_length": length, "acceptance_rate": rate, "draft_len_mean": draft_len,
+                    "plain_step_share": plain_share,
                     "acceptance_rate_responses": response_acceptance(records), "counters": counter_delta})
     return summary
 

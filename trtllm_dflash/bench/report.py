@@ -189,6 +189,7 @@ POINT_COLUMNS = [  # header, summary keys (shown "a / b"), format
     ("tok/s/GPU (total / output)", (Y, "output_throughput_per_gpu"), ".1f"),
     ("AL (counters)", ("acceptance_length",), ".2f"),
     ("acceptance (counters / responses)", ("acceptance_rate", "acceptance_rate_responses"), ".3f"),
+    ("draft length mean / plain-step share", ("draft_len_mean", "plain_step_share"), ".2f"),
 ]
 
 

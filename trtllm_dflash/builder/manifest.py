@@ -12,6 +12,7 @@ from ..errors import DFlashError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+RUNTIME_CACHE = "calibration"  # step-cost models measured where the engine runs: not part of the build
 
 
 def sha256_file(path: Path) -> str:
@@ -76,6 +77,7 @@ class Manifest:
                 problems.append(f"missing file {rel}")
             elif sha256_file(path) != digest:
                 problems.append(f"checksum mismatch for {rel}")
-        extra = {str(p.relative_to(engine_dir)) for p in Path(engine_dir).rglob("*") if p.is_file()}
+        extra = {str(p.relative_to(engine_dir)) for p in Path(engine_dir).rglob("*")
+                 if p.is_file() and p.relative_to(engine_dir).parts[0] != RUNTIME_CACHE}
         problems += [f"unlisted file {rel}" for rel in sorted(extra - set(self.files) - {MANIFEST})]
         return problems

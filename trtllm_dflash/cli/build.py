@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from ..builder.manifest import Manifest
 from ..builder.spec import BACKENDS, QUANTS
+from ..errors import DFlashError
 from ..loading import DTYPES
 from .common import model_path, run_cli
 
@@ -18,7 +19,8 @@ PROG = "dflash-build"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Build a DFlash engine directory from a target and its drafter. "
-                                "Also: 'dflash-build inspect ENGINE_DIR [--json]', 'dflash-build verify ENGINE_DIR'.")
+                                "Also: 'dflash-build inspect ENGINE_DIR [--json]', 'dflash-build verify ENGINE_DIR', "
+                                "'dflash-build calibrate ENGINE_DIR' (this machine's step cost, for --draft-len auto).")
     p.add_argument("--config", help="YAML file with the same settings (flags override it)")
     p.add_argument("--target", help="target model directory, hub id, or 'builtin'")
     p.add_argument("--drafter", help="DFlash drafter directory, hub id, or 'builtin'")
@@ -111,9 +113,53 @@ def run_verify(argv: list[str]) -> int:
     return 0 if ok else 1
 
 
+def run_calibrate(argv: list[str]) -> int:
+    import torch
+
+    from ..draft_length.settings import calibrate_engine
+
+    p = argparse.ArgumentParser(prog=f"{PROG} calibrate", description="Measure this machine's decode-step cost for a "
+                                "torch engine (batch x draft length x context) and cache it in ENGINE/calibration/, "
+                                "where dflash-serve and dflash-generate --draft-len auto read it. Valid for this "
+                                "device and thread count only.")
+    p.add_argument("engine_dir")
+    p.add_argument("--max-batch-size", type=int, help="largest running batch measured (default: the engine's)")
+    p.add_argument("--threads", type=int, help="torch threads, as the server will run (default: torch's own)")
+    p.add_argument("--repeats", type=int, default=3, help="timed steps per grid point (the median is kept)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--json", action="store_true", help="print the cost model as JSON")
+    args = p.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise DFlashError(f"--threads must be at least 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    if args.repeats < 1:
+        raise DFlashError(f"--repeats must be at least 1, got {args.repeats}")
+    model, where = calibrate_engine(args.engine_dir, args.max_batch_size, args.repeats, args.device)
+    if args.json:
+        print(json.dumps(model.to_json(), indent=1))
+        return 0
+    print(cost_table(model))
+    print(f"{model.meta['device']}, {model.meta['threads']} threads, {model.meta['calibration_s']:.1f} s; "
+          + (f"cached in {where}" if where else "not cached: neither the engine directory nor the user cache "
+             "is writable"))
+    return 0
+
+
+def cost_table(model) -> str:
+    """Milliseconds per step: one block per context, a row per batch size, a column per draft length."""
+    lines = []
+    for c, context in enumerate(model.contexts):
+        lines.append(f"context {context}: ms per step (rows: running batch; columns: draft length)")
+        lines.append("batch " + "".join(f"{k:>8}" for k in model.draft_lens))
+        for b, batch in enumerate(model.batch_sizes):
+            lines.append(f"{batch:>5} " + "".join(f"{1e3 * s:>8.1f}" for s in model.seconds[c][b]))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"inspect": run_inspect, "verify": run_verify}
+    commands = {"inspect": run_inspect, "verify": run_verify, "calibrate": run_calibrate}
     if argv and argv[0] in commands:
         return run_cli(PROG, lambda: commands[argv[0]](argv[1:]))
     return run_cli(PROG, lambda: run_build(argv))

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from ..draft_length.settings import make_policy
 from ..errors import DFlashError
 from ..loading import DTYPES, parse_dtype
 from ..pipeline import load_pipeline
@@ -31,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--seed", type=int)
     p.add_argument("--block-size", type=int, help="tokens per draft block (default: the drafter's trained size)")
+    p.add_argument("--draft-len", default="auto", help="draft tokens per step: auto (default: chosen every step "
+                   "from a calibrated step cost and live acceptance), N (fixed), or a draft_len_schedule FILE")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default float32 (an engine uses its own dtype)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -54,7 +57,10 @@ def generate_from_checkpoints(args, sampling: SamplingParams):
                              parse_dtype(args.dtype or "float32"), args.device)
     request = Request(prompt_ids(args, pipeline.tokenizer, pipeline.target.path), args.max_new_tokens, sampling,
                       ignore_eos=args.ignore_eos)
-    return pipeline.generator.generate([request], args.block_size)[0], pipeline.tokenizer
+    generator = pipeline.generator
+    generator.policy = make_policy(args.draft_len, generator.block - 1, log=lambda line: print(
+        f"{PROG}: {line}", file=sys.stderr))
+    return generator.generate([request], args.block_size)[0], pipeline.tokenizer
 
 
 def generate_from_engine(args, sampling: SamplingParams):
@@ -70,7 +76,7 @@ def generate_from_engine(args, sampling: SamplingParams):
     manifest = read_torch_manifest(engine)
     tokenizer = load_tokenizer(engine / manifest.tokenizer) if manifest.tokenizer else None
     request = Request(prompt_ids(args, tokenizer, engine), args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
-    return generate_with_engine(engine, [request], args.block_size, args.device)[0], tokenizer
+    return generate_with_engine(engine, [request], args.block_size, args.device, args.draft_len)[0], tokenizer
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -89,7 +95,9 @@ def run(argv: list[str] | None = None) -> int:
         print(json.dumps(out))
     else:
         print(out.get("text", " ".join(map(str, result.output_ids))))
-        print(f"[{len(result.output_ids)} tokens, tau {result.tau:.2f}, {result.tokens_per_s:.1f} tok/s, "
+        steps = result.draft_lengths
+        drafts = f"draft length mean {sum(steps) / len(steps):.1f}, " if steps else ""
+        print(f"[{len(result.output_ids)} tokens, tau {result.tau:.2f}, {drafts}{result.tokens_per_s:.1f} tok/s, "
               f"TTFT {result.ttft_s * 1e3:.1f} ms, TPOT {result.tpot_s * 1e3:.2f} ms, {result.finish_reason}]",
               file=sys.stderr)
     return 0

@@ -32,6 +32,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors "
                    "(default 256)")
     p.add_argument("--decoding", default="dflash", help="dflash (default) or plain: the target alone, the baseline")
+    p.add_argument("--draft-len", default="auto", help="torch engines: draft tokens per step; auto (default: "
+                   "chosen every step from the calibrated step cost and live acceptance), N (fixed), or a "
+                   "draft_len_schedule FILE (running batch size -> draft length)")
     p.add_argument("--write-only", action="store_true", help="write the repository (and, for trtllm engines, its "
                    "launch scripts) and exit")
     p.add_argument("--repository-only", action="store_true", help="write the model repository alone and exit (the "
@@ -78,7 +81,7 @@ def run(argv: list[str] | None) -> int:
     from ..serve.server import Endpoints, run_foreground
 
     args = parser().parse_args(argv)
-    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding)
+    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding, args.draft_len)
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
     frontend = openai_settings(args)  # checked before anything is written

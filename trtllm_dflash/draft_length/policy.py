@@ -104,6 +104,7 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = len(generator.slots.starts), generator.block - 1
+        self.acceptance = None  # calibration steps run junk requests: nothing to learn from them
         if self.cost is None or not self.cost.covers(slots, max_draft_len):
             if self.calibrator is None:
                 raise ValueError("CostBasedDraftLen needs a cost model covering the batch, or a calibrator")
@@ -112,7 +113,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.plain_run, self.wait = 0, self.probe.first
 
     def admit(self, slots: list[int]) -> None:
-        self.acceptance.reset(slots)
+        if self.acceptance is not None:
+            self.acceptance.reset(slots)
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""

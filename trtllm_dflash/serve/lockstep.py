@@ -1,8 +1,9 @@
 """Tensor-parallel serving: rank 0 (the Triton model) drives the other ranks' generators in lockstep.
 
-Every call that changes generator state (allocate, admit, step, cancel) is broadcast to the worker
-ranks before rank 0 runs it, so all ranks execute the same steps on the same inputs and their
-collectives line up. Requests without a seed get one here, so every rank samples alike.
+Every call that changes generator state (allocate, admit, step, hold, cancel) is broadcast to the
+worker ranks before rank 0 runs it, so all ranks execute the same steps on the same inputs and their
+collectives line up. Requests without a seed get one here, so every rank samples alike; the draft
+length of each step is chosen on rank 0 and sent with it.
 """
 
 from __future__ import annotations
@@ -39,11 +40,17 @@ class LockstepGenerator(Generator):
         broadcast(("admit", (requests,)))
         return super().admit(requests, tags)
 
-    def step(self) -> list[Sequence]:
-        if not self.slots.running:
+    def step(self, draft_len: int | None = None) -> list[Sequence]:
+        running = list(self.slots.running.values())
+        if not running:
             return []
-        broadcast(("step", ()))
-        return super().step()
+        k = self.draft_len(running) if draft_len is None else draft_len
+        broadcast(("step", (k,)))
+        return super().step(k)
+
+    def hold(self, sequences: list[Sequence], length: int) -> None:
+        broadcast(("hold", ([s.slot for s in sequences], length)))
+        super().hold(sequences, length)
 
     def cancel(self, seq: Sequence, reason: str) -> None:
         broadcast(("cancel", (seq.slot, reason)))
@@ -70,7 +77,9 @@ def follow(generator: Generator) -> None:
         elif op == "admit":
             generator.admit(*args)
         elif op == "step":
-            generator.step()
+            generator.step(*args)
+        elif op == "hold":
+            generator.hold([generator.slots.running[slot] for slot in args[0]], args[1])
         elif op == "cancel":
             seq = generator.slots.running.get(args[0])
             if seq is not None:

@@ -52,18 +52,21 @@ class Counters:
     draft_steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    decode_steps: int = 0  # batch steps of the generator
+    plain_steps: int = 0  # ... of which drafted nothing (the policy's k = 0)
     running: int = 0
     queued: int = 0
 
 
 class ServingLoop:
     def __init__(self, generator: Generator, tokenizer, max_batch_size: int, max_seq_len: int, max_queue: int,
-                 on_update=None):
+                 on_update=None, on_step=None):
         self.generator, self.tokenizer = generator, tokenizer
         self.max_queue = max_queue
         self.pending: queue.Queue[ServeRequest] = queue.Queue()
         self.counters = Counters()
         self.on_update = on_update or (lambda counters, delta: None)
+        self.on_step = on_step or (lambda draft_len: None)  # the draft length of every batch step
         generator.allocate(max_batch_size, max_seq_len, generator.block)
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self.run, name="dflash-serving-loop", daemon=True)
@@ -106,7 +109,12 @@ class ServingLoop:
             time.sleep(STEP_IDLE_S)
             return
         self.drop_cancelled()
-        for seq in self.generator.step():
+        ran = self.generator.step()
+        if ran:
+            k = ran[0].result.draft_lengths[-1]
+            self.count(decode_steps=1, plain_steps=int(k == 0))
+            self.on_step(k)
+        for seq in ran:
             self.respond(seq)
 
     def fail_running(self, message: str) -> None:
@@ -174,7 +182,7 @@ class ServingLoop:
     def finished(self, seq: Sequence, text: str) -> None:
         req, result = seq.tag, seq.result
         body = text[len(req.sent_text):] if req.streaming else text
-        draft_steps = len(result.acceptance_lengths) if result.drafted_tokens else 0
+        draft_steps = sum(k > 0 for k in result.draft_lengths)  # steps that carried drafts (k = 0: a plain step)
         outputs = {
             "text_output": self.with_prompt(req, body),
             "finish_reason": result.finish_reason,

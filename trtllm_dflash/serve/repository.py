@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from ..builder.manifest import Manifest
+from ..draft_length.settings import AUTO, make_policy
 from ..engine import DECODINGS
 from ..errors import DFlashError
 
@@ -64,6 +65,7 @@ class ServeSettings:
     max_batch_size: int | None = None  # default: the engine's
     max_queue: int = 256
     decoding: str = "dflash"  # "plain": serve the target alone (torch engines), the benchmark baseline
+    draft_len: str = "auto"  # torch engines: auto | N | a draft_len_schedule file (draft_length/settings.py)
 
     def __post_init__(self):
         if self.decoding not in DECODINGS:
@@ -109,6 +111,15 @@ def write_pbtxt(path: Path, config) -> None:
     path.write_text(text)
 
 
+def draft_len_param(settings: ServeSettings, manifest: Manifest) -> str:
+    """The --draft-len value checked against the engine (a bad one fails here, not at model load);
+    a schedule file as an absolute path, since the server runs elsewhere."""
+    max_draft_len = manifest.block_size - 1 if settings.decoding == "dflash" else 0
+    make_policy(settings.draft_len, max_draft_len)
+    value = settings.draft_len
+    return str(Path(value).absolute()) if Path(value).is_file() else value
+
+
 def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> Path:
     """-> the model directory inside `repo`."""
     engine_dir = Path(engine_dir).absolute()
@@ -119,11 +130,14 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
     if manifest.backend == "torch":
         params = {"engine_dir": engine_dir, "max_batch_size": batch, "max_queue": settings.max_queue,
                   "max_seq_len": manifest.limits["max_seq_len"], "tp_size": manifest.tp_size,
-                  "decoding": settings.decoding}
+                  "decoding": settings.decoding, "draft_len": draft_len_param(settings, manifest)}
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)
     else:
+        if settings.draft_len != AUTO:
+            raise DFlashError("--draft-len applies to torch engines; a trtllm engine's draft lengths come from its "
+                              "build (dflash-build --backend trtllm --draft-len-schedule FILE)")
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + LLMAPI_EXTRA_INPUTS,
                                                              OUTPUTS + LLMAPI_EXTRA_OUTPUTS, {}, decoupled=False))
         options = llmapi_options(engine_dir, manifest, settings)

@@ -8,10 +8,13 @@ the `num_output_tokens`, `num_input_tokens`, `num_draft_steps` outputs (the serv
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton Python backend
 
+from ..draft_length.settings import make_policy
 from ..engine import load_engine
 from ..errors import DFlashError
 from ..request import Request
@@ -32,7 +35,10 @@ COUNTERS = {  # Counters field -> (metric name, description)
     "draft_steps": ("dflash_draft_steps_total", "verify steps that carried drafts"),
     "drafted_tokens": ("dflash_drafted_tokens_total", "draft tokens proposed to the target"),
     "accepted_tokens": ("dflash_accepted_tokens_total", "draft tokens the target accepted"),
+    "decode_steps": ("dflash_decode_steps_total", "batch decode steps"),
+    "plain_steps": ("dflash_plain_steps_total", "batch decode steps that drafted nothing (draft length 0)"),
 }
+DRAFT_LENGTH = ("dflash_step_draft_length", "draft tokens per request chosen for each batch step")
 GAUGES = {"running": ("dflash_running_requests", "requests in the running batch"),
           "queued": ("dflash_queued_requests", "requests waiting for a slot")}
 
@@ -78,10 +84,14 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         generator, self.tokenizer = self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash"))
+        # before the loop allocates: the cost-based policy calibrates (or reads its cache) then
+        generator.policy = make_policy(params.get("draft_len"), generator.block - 1, Path(params["engine_dir"]),
+                                       log=lambda line: print(f"dflash: {line}", file=sys.stderr, flush=True))
         self.max_tokens_limit = int(params["max_seq_len"])
-        self.metrics = self.make_metrics()
+        self.metrics = self.make_metrics(generator.block - 1)
         self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
-                                int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics)
+                                int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics,
+                                self.metrics["draft_length"].observe)
         self.loop.start()
 
     def load(self, engine_dir: str, tp: int, decoding: str):
@@ -105,13 +115,17 @@ class TritonPythonModel:
         g = pipeline.generator
         return LockstepGenerator(g.target, g.proposer, g.default_stop_ids), pipeline.tokenizer
 
-    def make_metrics(self) -> dict:
+    def make_metrics(self, max_draft_len: int) -> dict:
         metrics, self.families = {}, []  # a family must outlive its metrics
         for table, kind in ((COUNTERS, pb_utils.MetricFamily.COUNTER), (GAUGES, pb_utils.MetricFamily.GAUGE)):
             for field, (name, text) in table.items():
                 family = pb_utils.MetricFamily(name=name, description=text, kind=kind)
                 self.families.append(family)
                 metrics[field] = family.Metric(labels={})
+        family = pb_utils.MetricFamily(name=DRAFT_LENGTH[0], description=DRAFT_LENGTH[1],
+                                       kind=pb_utils.MetricFamily.HISTOGRAM)
+        self.families.append(family)
+        metrics["draft_length"] = family.Metric(labels={}, buckets=[float(k) for k in range(max_draft_len + 1)])
         return metrics
 
     def update_metrics(self, counters: Counters, delta: dict) -> None:

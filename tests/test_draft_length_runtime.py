@@ -1,0 +1,192 @@
+"""The draft-length policy inside the generator: exact at any per-step k, calibrated and cached."""
+
+import itertools
+
+import pytest
+import torch
+
+from oracle import hf_greedy
+from trtllm_dflash.draft_length.calibrate import (CalibrationCache, CalibrationPlan, calibration_key, calibrator,
+                                                  measure)
+from trtllm_dflash.draft_length.policy import CostBasedDraftLen, DraftLenPolicy
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.pairs import held_out_texts, stdlib_pair
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+
+
+class Scripted(DraftLenPolicy):
+    """Draft lengths from a list, in turn: every k the block allows, plain steps among them."""
+
+    def __init__(self, lengths):
+        self.lengths = itertools.cycle(lengths)
+        self.observed = []
+
+    def choose(self, batch):
+        return next(self.lengths)
+
+    def observe(self, slots, draft_len, accepted):
+        self.observed.append((draft_len, max(accepted)))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    """The shipped pair: a real drafter (acceptance well above 0), a target transformers loads."""
+    return stdlib_pair()
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    tokenizer = load_pipeline(pair[0]).tokenizer
+    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in held_out_texts(3)]
+
+
+def test_greedy_output_is_the_targets_at_any_sequence_of_draft_lengths(pair, prompts):
+    from transformers import AutoModelForCausalLM
+
+    oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+    gen = load_pipeline(*pair).generator
+    script = [0, 5, 1, 15, 0, 0, 2, 3, 9]
+    gen.policy = Scripted(script)
+    prompts = [p[: 5 + 9 * i] for i, p in enumerate(prompts)]
+    results = gen.generate([Request(tuple(p), 30, ignore_eos=True) for p in prompts])
+    for prompt, result in zip(prompts, results):
+        assert result.output_ids == hf_greedy(oracle, prompt, 30)
+        assert result.draft_lengths == (script * 10)[: len(result.draft_lengths)]
+        assert all(a <= k + 1 for a, k in zip(result.acceptance_lengths, result.draft_lengths))
+        assert result.drafted_tokens == sum(result.draft_lengths)
+    assert any(a > 0 for k, a in gen.policy.observed if k)  # drafts were really accepted, not only rejected
+
+
+def test_cost_policy_is_exact_and_its_calibration_is_cached(pair, prompts, tmp_path):
+    spec, plain = load_pipeline(*pair).generator, load_pipeline(pair[0]).generator
+    lines = []
+    spec.policy = CostBasedDraftLen(calibrator=calibrator(CalibrationCache(tmp_path / "cal"), repeats=1,
+                                                          log=lines.append))
+    requests = [Request(tuple(p[:12]), 40, ignore_eos=True) for p in prompts[:2]]
+    results = spec.generate(requests)
+    assert [r.output_ids for r in results] == [r.output_ids for r in plain.generate(requests)]
+    assert "calibrated" in lines[0]
+    cost = spec.policy.cost
+    assert cost.batch_sizes == (1, 2) and cost.draft_lens == (0, 1, 2, 4, 8, 15)
+    assert cost.meta["threads"] == torch.get_num_threads()
+    assert {k for r in results for k in r.draft_lengths} <= set(range(16))
+    assert len(list((tmp_path / "cal").glob("step-cost-*.json"))) == 1
+    again = load_pipeline(*pair).generator  # another process, say: the cached model covers batch 1
+    again.policy = CostBasedDraftLen(calibrator=calibrator(CalibrationCache(tmp_path / "cal"), log=lines.append))
+    again.generate(requests[:1])
+    assert "cached" in lines[1] and len(lines) == 2 and again.policy.cost == cost
+
+
+def test_a_cost_model_for_other_threads_is_not_used(pair, tmp_path):
+    gen = load_pipeline(*pair).generator
+    gen.allocate(1, 64, 4)
+    cache = CalibrationCache(tmp_path)
+    model = measure(gen, CalibrationPlan((1,), (0, 3), (16,), repeats=1))
+    cache.save(model, calibration_key(gen))
+    assert cache.load(calibration_key(gen)) == model
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        assert cache.load(calibration_key(gen)) is None
+    finally:
+        torch.set_num_threads(threads)
+
+
+class FakeGenerator:
+    """Steps cost a scripted time on a fake clock: 1 ms + 0.5 ms per draft token per row + 1 us per context
+    token, and the first step of every batch 100 ms (a warm-up the calibration must leave out)."""
+
+    def __init__(self, slots=8, capacity=600, block=8):
+        self.slots = type("Slots", (), {"starts": [0] * slots, "running": {}})()
+        self.capacity, self.block, self.now, self.rows, self.context = capacity, block, 0.0, 0, 0
+        self.device, self.target, self.first = torch.device("cpu"), type("T", (), {"tp": type("P", (), {"world": 1})})(), True
+        self.calls = []
+
+    def admit(self, requests):
+        self.rows, self.first = len(requests), True
+        return [type("Seq", (), {"done": False, "slot": i})() for i in range(len(requests))]
+
+    def hold(self, sequences, length):
+        self.context = length
+
+    def step(self, k):
+        self.calls.append((self.rows, self.context, k))
+        self.now += 0.1 if self.first else 1e-3 + 5e-4 * k * self.rows + 1e-6 * self.context
+        self.first = False
+
+    def cancel(self, seq, reason):
+        seq.done = True
+
+    def clock(self):
+        return self.now
+
+
+def test_measure_fills_the_grid_from_interleaved_repeats():
+    gen = FakeGenerator()
+    plan = CalibrationPlan.covering(max_batch=6, max_draft_len=7, max_context=500, repeats=2)
+    assert plan.batch_sizes == (1, 2, 4, 6) and plan.draft_lens == (0, 1, 2, 4, 7) and plan.contexts == (128, 500)
+    model = measure(gen, plan, clock=gen.clock)
+    for c, context in enumerate(plan.contexts):
+        for b, batch in enumerate(plan.batch_sizes):
+            expected = [1e-3 + 5e-4 * k * batch + 1e-6 * context for k in plan.draft_lens]
+            assert model.seconds[c][b] == pytest.approx(expected)
+    first_round = [k for rows, _, k in gen.calls[1:11]]  # after the warm-up: repeat 0 of batch 1
+    second_round = [k for rows, _, k in gen.calls[11:21]]
+    assert first_round[:5] == [0, 1, 2, 4, 7] and second_round[:5] == [1, 2, 4, 7, 0]
+
+
+def test_measure_refuses_a_busy_or_too_small_generator():
+    gen = FakeGenerator()
+    gen.slots.running = {0: object()}
+    with pytest.raises(DFlashError, match="idle generator"):
+        measure(gen, CalibrationPlan((1,), (0,), (16,)))
+    with pytest.raises(DFlashError, match="exceeds the allocation"):
+        measure(FakeGenerator(slots=2), CalibrationPlan((1, 4), (0,), (16,)))
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(pair, tmp_path_factory):
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
+
+    out = tmp_path_factory.mktemp("engine") / "e"
+    return build_engine(BuildSpec(str(pair[0]), str(pair[1]), str(out), dtype="float32", max_batch_size=2,
+                                  max_seq_len=160), "test")
+
+
+def cli(module, *args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", f"trtllm_dflash.cli.{module}", *args], capture_output=True, text=True)
+
+
+def test_build_calibrate_caches_with_the_engine_and_verify_ignores_it(tiny_engine):
+    done = cli("build", "calibrate", str(tiny_engine), "--threads", "1", "--repeats", "1")
+    assert done.returncode == 0, done.stderr
+    assert "context 128: ms per step" in done.stdout and "1 threads" in done.stdout
+    files = list((tiny_engine / "calibration").glob("step-cost-*.json"))
+    assert len(files) == 1 and f"cached in {files[0]}" in done.stdout
+    assert cli("build", "verify", str(tiny_engine)).returncode == 0  # a runtime cache, not part of the build
+    bad = cli("build", "calibrate", str(tiny_engine), "--max-batch-size", "3")
+    assert bad.returncode == 2 and bad.stderr.strip() == \
+        "dflash-build: error: --max-batch-size must be in 1..2 (the engine's), got 3"
+
+
+def test_generate_with_a_fixed_draft_length_or_a_schedule(tiny_engine, tmp_path):
+    import json
+
+    args = ("--engine", str(tiny_engine), "--prompt-ids", "5,6,7,8", "--max-new-tokens", "20", "--ignore-eos",
+            "--json")
+    fixed = json.loads(cli("generate", *args, "--draft-len", "3").stdout)
+    assert set(fixed["draft_lengths"]) == {3}
+    schedule = tmp_path / "s.yaml"
+    schedule.write_text("schedule: {1: 5, 4: 2}\n")
+    scheduled = json.loads(cli("generate", *args, "--draft-len", str(schedule)).stdout)
+    assert set(scheduled["draft_lengths"]) == {5} and scheduled["output_ids"] == fixed["output_ids"]
+    for value, message in (("16", "--draft-len 16 exceeds this engine's largest draft length 15 (block size - 1)"),
+                           ("often", "--draft-len must be 'auto', a number of draft tokens, or a draft_len_schedule "
+                                     "file; got 'often'")):
+        bad = cli("generate", *args, "--draft-len", value)
+        assert bad.returncode == 2 and bad.stderr.strip() == f"dflash-generate: error: {message}"

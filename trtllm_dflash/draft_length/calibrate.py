@@ -1,0 +1,164 @@
+"""Measure the step-cost model on the machine that serves, and cache it with the engine.
+
+The calibration times the generator's own `step(k)` (drafter, verify, acceptance, bookkeeping: the
+whole step a request pays for) on synthetic requests pinned at each context length (`hold`: the
+cache holds junk there, which costs the same as real keys), for every (batch size, draft length,
+context) of a small grid. Repeats are interleaved over draft lengths and contexts, so a machine
+that gets busier mid-way shifts every draft length alike; the median of the repeats is kept and
+made non-decreasing in the draft length. The model is valid for one device, thread count, torch
+version and engine: that key names the cache file (`ENGINE/calibration/step-cost-<key>.json`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import DFlashError
+from ..request import Request
+from .cost import CostModel, monotone
+
+DRAFT_LENS = (0, 1, 2, 4, 8, 16, 32)  # measured draft lengths (the rest is interpolated; cost is near linear)
+SHORT_CONTEXT = 128
+
+
+@dataclass(frozen=True)
+class CalibrationPlan:
+    batch_sizes: tuple[int, ...]
+    draft_lens: tuple[int, ...]
+    contexts: tuple[int, ...]
+    repeats: int = 3
+
+    @classmethod
+    def covering(cls, max_batch: int, max_draft_len: int, max_context: int, repeats: int = 3) -> CalibrationPlan:
+        """Powers of two up to max_batch (and it), DRAFT_LENS up to max_draft_len (and it), a short
+        context and the longest."""
+        batches = sorted({b for b in (1 << i for i in range(max_batch.bit_length())) if b < max_batch} | {max_batch})
+        lens = sorted({k for k in DRAFT_LENS if k < max_draft_len} | {0, max_draft_len})
+        contexts = sorted({min(SHORT_CONTEXT, max_context), max_context})
+        return cls(tuple(batches), tuple(lens), tuple(contexts), repeats)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"cuda: {torch.cuda.get_device_name(device)}"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"cpu: {line.split(':', 1)[1].strip()}"
+    except OSError:
+        pass
+    import platform
+
+    return f"cpu: {platform.processor() or platform.machine()}"
+
+
+def calibration_key(generator) -> dict:
+    """What a measured cost is valid for."""
+    return {"device": device_name(generator.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "tp_size": generator.target.tp.world, "block": generator.block}
+
+
+def measure(generator, plan: CalibrationPlan, clock=time.perf_counter) -> CostModel:
+    """Time generator steps over the plan's grid; the generator must be allocated and idle."""
+    if generator.slots is None or generator.slots.running:
+        raise DFlashError("calibration needs an allocated, idle generator (no running requests)")
+    slots, longest = len(generator.slots.starts), generator.capacity - generator.block - 1
+    if plan.batch_sizes[-1] > slots or plan.contexts[-1] > longest or plan.draft_lens[-1] > generator.block - 1:
+        raise DFlashError(f"calibration plan {plan} exceeds the allocation ({slots} slots, contexts up to {longest}, "
+                          f"draft length up to {generator.block - 1})")
+    start = time.perf_counter()
+    samples = {}
+    for batch in plan.batch_sizes:
+        samples.update(measure_batch(generator, plan, batch, clock))
+    seconds = [[monotone([statistics.median(samples[c, b, k]) for k in plan.draft_lens]) for b in plan.batch_sizes]
+               for c in plan.contexts]
+    spread = max(max(v) / min(v) for v in samples.values())
+    meta = {**calibration_key(generator), "repeats": plan.repeats, "calibration_s": time.perf_counter() - start,
+            "worst_cell_max_over_min": spread, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return CostModel(plan.batch_sizes, plan.draft_lens, plan.contexts, seconds, meta)
+
+
+def measure_batch(generator, plan: CalibrationPlan, batch: int, clock) -> dict[tuple, list[float]]:
+    """-> {(context, batch, draft_len): [seconds per repeat]} for one batch size."""
+    budget = generator.capacity - generator.block - 2  # max_new_tokens that still validates
+    requests = [Request((0,), budget, ignore_eos=True) for _ in range(batch)]
+    sequences = generator.admit(requests)
+    samples: dict[tuple, list[float]] = {}
+    try:
+        generator.hold(sequences, plan.contexts[-1])
+        generator.step(plan.draft_lens[-1])  # warm-up: first-call costs stay out of the samples
+        for r in range(plan.repeats):
+            lens = plan.draft_lens[r % len(plan.draft_lens):] + plan.draft_lens[: r % len(plan.draft_lens)]
+            for context in plan.contexts:
+                for k in lens:
+                    generator.hold(sequences, context)
+                    t0 = clock()
+                    generator.step(k)
+                    samples.setdefault((context, batch, k), []).append(clock() - t0)
+    finally:
+        for seq in sequences:
+            if not seq.done:
+                generator.cancel(seq, "calibration")
+    return samples
+
+
+class CalibrationCache:
+    """Cost models of one engine, one file per key, in ENGINE/calibration/ (or `fallback` when the
+    engine directory is read-only)."""
+
+    def __init__(self, directory: Path, fallback: Path | None = None):
+        self.directory, self.fallback = Path(directory), fallback
+
+    def path(self, key: dict, directory: Path | None = None) -> Path:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+        return (directory or self.directory) / f"step-cost-{digest}.json"
+
+    def load(self, key: dict) -> CostModel | None:
+        for directory in filter(None, (self.directory, self.fallback)):
+            path = self.path(key, directory)
+            if path.is_file():
+                model = CostModel.load(path)
+                if all(model.meta.get(k) == v for k, v in key.items()):
+                    return model
+        return None
+
+    def save(self, model: CostModel, key: dict) -> Path | None:
+        """-> where it was written; None when neither place is writable (the model is still used)."""
+        for directory in filter(None, (self.directory, self.fallback)):
+            try:
+                path = self.path(key, directory)
+                model.save(path)
+                return path
+            except OSError:
+                continue
+        return None
+
+
+def calibrator(cache: CalibrationCache | None = None, repeats: int = 3, log=None):
+    """-> generator -> CostModel: the cached model when it covers the allocation, else a measured one
+    (then cached). `log` gets one line saying which."""
+    def obtain(generator) -> CostModel:
+        key = calibration_key(generator)
+        slots, max_draft_len = len(generator.slots.starts), generator.block - 1
+        cached = cache.load(key) if cache else None
+        if cached is not None and cached.covers(slots, max_draft_len):
+            if log:
+                log(f"step-cost model: cached ({cached.meta.get('created_utc')}, {key['device']}, "
+                    f"{key['threads']} threads)")
+            return cached
+        plan = CalibrationPlan.covering(slots, max_draft_len, generator.capacity - generator.block - 1, repeats)
+        model = measure(generator, plan)
+        where = cache.save(model, key) if cache else None
+        if log:
+            log(f"step-cost model: calibrated in {model.meta['calibration_s']:.1f} s ({key['device']}, "
+                f"{key['threads']} threads){f'; cached in {where}' if where else ''}")
+        return model
+
+    return obtain
