@@ -59,12 +59,21 @@ def report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", default="bench_report", help="report directory (default bench_report)")
 
 
+def tune_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="[K=]RUN_DIR", help="sweep runs at a fixed draft length K (read from "
+                   "the run's draft-length counters when not given; K=0 for plain decoding); repeats of one K are "
+                   "combined by their median")
+    p.add_argument("--output", required=True, help="the draft_len_schedule file to write (YAML)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Benchmark a served model at fixed load points; report throughput per GPU "
                                       "at fixed interactivity.")
     sub = p.add_subparsers(dest="command", parser_class=Parser)
     sweep_flags(sub.add_parser("sweep", help="measure a served model over load points"))
     report_flags(sub.add_parser("report", help="frontiers, table and plots of one or more runs"))
+    tune_flags(sub.add_parser("tune", help="a draft_len_schedule (concurrency -> draft length) from sweeps at fixed "
+                                           "draft lengths, for dflash-build --backend trtllm --draft-len-schedule"))
     return p
 
 
@@ -92,6 +101,22 @@ def run_report_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_tune_command(args: argparse.Namespace) -> int:
+    from ..draft_len_schedule import write_schedule
+    from ..draft_length.tune import read_table, schedule_from, tune_table_markdown
+
+    table = read_table(args.runs)
+    schedule, notes = schedule_from(table)
+    print("median output tok/s per concurrency and draft length k:")
+    print(tune_table_markdown(table, schedule))
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    path = write_schedule(args.output, schedule)
+    print(f"draft_len_schedule {schedule.as_option()} (max_draft_len {schedule.max_draft_len}; above concurrency "
+          f"{schedule.steps[-1][0]} speculation is off): {path}")
+    return 0
+
+
 def run(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
@@ -99,7 +124,9 @@ def run(argv: list[str] | None) -> int:
         return run_sweep_command(args, argv)
     if args.command == "report":
         return run_report_command(args)
-    raise DFlashError("choose a command: sweep or report (dflash-bench sweep --help)")
+    if args.command == "tune":
+        return run_tune_command(args)
+    raise DFlashError("choose a command: sweep, report or tune (dflash-bench sweep --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
