@@ -1,0 +1,218 @@
+"""Served output tokens/s, DFlash / plain decoding, with the real tritonserver, on the built-in pair.
+
+    python benchmarks/serve_dflash_vs_plain.py [--repeats 3] [--threads 2] [--draft-len auto] [--quick]
+
+A float32 torch engine of the built-in pair (trtllm_dflash/pairs/stdlib: 6-layer target, 2-layer
+drafter, block 16) served twice per repeat by the real tritonserver on loopback: `--decoding plain`
+and DFlash with `--draft-len` (default auto: chosen every step from the calibrated step cost and
+live acceptance). The order alternates between repeats (plain first in even repeats). Each server
+runs every point: prompts of two context lengths (held-out stdlib code: short snippets of about
+60-200 tokens, and 1024-token windows of held-out files) x concurrency 1, 4, 16 (closed loop,
+N requests in flight, HTTP /generate, 128 new tokens, EOS ignored). Output tokens/s = tokens / wall
+time of the point. The ratio DFlash / plain is taken per repeat (the two servers ran back to back)
+and reported as median, min and max over repeats. The engine's step cost is calibrated once before
+the first server at the same thread count (OMP_NUM_THREADS for the servers), so both servers start
+alike. Mean draft length and the share of plain steps come from the server's counters.
+Writes benchmarks/results/serve_dflash_vs_plain.json and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+OUT = Path(__file__).parent / "results" / "serve_dflash_vs_plain.json"
+NEW_TOKENS = 128
+CONTEXTS = {"short": None, "1024": 1024}  # None: held-out snippets as they are
+
+
+def post(url: str, body: dict) -> dict:
+    req = urllib.request.Request(url, json.dumps(body).encode())
+    with urllib.request.urlopen(req, timeout=1800) as r:
+        return json.loads(r.read())
+
+
+def scrape(metrics_url: str) -> dict:
+    from trtllm_dflash.bench import counters
+
+    with urllib.request.urlopen(metrics_url, timeout=30) as r:
+        return counters.snapshot(counters.parse_prometheus(r.read().decode())) or {}
+
+
+def run_point(url: str, metrics_url: str, prompts: list[str], concurrency: int, requests: int) -> dict:
+    """Closed loop: `concurrency` clients, `requests` in all; -> output tok/s and the server's step counters."""
+    from trtllm_dflash.bench import counters
+
+    todo, lock, replies = list(range(requests)), threading.Lock(), []
+
+    def worker():
+        while True:
+            with lock:
+                if not todo:
+                    return
+                i = todo.pop()
+            reply = post(url, {"text_input": prompts[i % len(prompts)], "sampling_param_max_tokens": NEW_TOKENS,
+                               "sampling_param_ignore_eos": True, "sampling_param_exclude_input_from_output": True})
+            with lock:
+                replies.append(reply)
+
+    before = scrape(metrics_url)
+    start = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - start
+    delta = counters.difference(before, scrape(metrics_url)) or {}
+    draft_len, plain_share = counters.draft_lengths(delta)
+    accept_len, _ = counters.acceptance(delta)
+    tokens = sum(r["num_output_tokens"] for r in replies)
+    return {"concurrency": concurrency, "requests": len(replies), "seconds": wall, "output_tokens": tokens,
+            "output_tokens_per_s": tokens / wall, "draft_len_mean": draft_len, "plain_step_share": plain_share,
+            "acceptance_length": accept_len}
+
+
+def prompt_sets(tokenizer, quick: bool) -> dict[str, list[str]]:
+    """Held-out stdlib code (no stage of training saw these files)."""
+    from trtllm_dflash.pairs import held_out_texts
+    from trtllm_dflash.train.corpus import split, stdlib_sources
+
+    short = held_out_texts(64)
+    windows, files = [], [f.text for f in split(stdlib_sources())[1] if len(f.text) > 8000]
+    for text in files:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) >= 1100:
+            windows.append(tokenizer.decode(ids[50:50 + CONTEXTS["1024"]]))
+        if len(windows) == 64:
+            break
+    sets = {"short": short[:16] if quick else short, "1024": windows[:16] if quick else windows}
+    empty = [name for name, texts in sets.items() if not texts]
+    if empty:
+        raise SystemExit(f"no held-out prompts for context {empty[0]}")
+    return sets
+
+
+def serve(engine: Path, root: Path, decoding: str, draft_len: str):
+    from trtllm_dflash.engine import free_port
+    from trtllm_dflash.serve.locate import find_tritonserver
+    from trtllm_dflash.serve.repository import ServeSettings, write_repository
+    from trtllm_dflash.serve.server import Endpoints, start_server, wait_ready
+
+    repo = root / f"repo-{decoding}"
+    write_repository(engine, repo, ServeSettings("m", decoding=decoding, draft_len=draft_len if decoding == "dflash"
+                                                 else "auto"))
+    ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    log = open(root / f"server-{decoding}.log", "a")
+    proc = start_server(find_tritonserver(root / "triton"), repo, ends, log)
+    wait_ready(proc, ends, timeout=900)
+    return proc, ends
+
+
+def one_server(engine, root, decoding, args, prompts) -> list[dict]:
+    from trtllm_dflash.serve.server import stop_server
+
+    proc, ends = serve(engine, root, decoding, args.draft_len)
+    url, metrics = f"{ends.http_url}/v2/models/m/generate", ends.metrics_url
+    try:
+        post(url, {"text_input": prompts["short"][0], "sampling_param_max_tokens": 8})  # warm-up
+        rows = []
+        for context, texts in prompts.items():
+            for c in args.concurrency:
+                row = run_point(url, metrics, texts, c, max(4, args.requests_per_slot * c))
+                rows.append({"decoding": decoding, "context": context, **row})
+                print(f"  {decoding:6} context {context:>5} c={c:<3} {row['output_tokens_per_s']:8.1f} tok/s "
+                      f"draft len {row['draft_len_mean']}", file=sys.stderr, flush=True)
+        return rows
+    finally:
+        stop_server(proc)
+
+
+def summarize(rows: list[dict], repeats: int) -> list[dict]:
+    table = []
+    keys = sorted({(r["context"], r["concurrency"]) for r in rows}, key=lambda k: (k[0] != "short", k[1]))
+    for context, c in keys:
+        def at(decoding, rep):
+            return next(r for r in rows if (r["decoding"], r["context"], r["concurrency"], r["repeat"]) ==
+                        (decoding, context, c, rep))
+        ratios = [at("dflash", i)["output_tokens_per_s"] / at("plain", i)["output_tokens_per_s"] for i in range(repeats)]
+        dflash = [at("dflash", i) for i in range(repeats)]
+        table.append({"context": context, "concurrency": c, "ratio_median": statistics.median(ratios),
+                      "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
+                      "plain_tok_s_median": statistics.median(at("plain", i)["output_tokens_per_s"]
+                                                              for i in range(repeats)),
+                      "dflash_tok_s_median": statistics.median(r["output_tokens_per_s"] for r in dflash),
+                      "draft_len_mean": [r["draft_len_mean"] for r in dflash],
+                      "plain_step_share": [r["plain_step_share"] for r in dflash]})
+    return table
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the servers (OMP_NUM_THREADS)")
+    p.add_argument("--draft-len", default="auto", help="the DFlash server's --draft-len")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--requests-per-slot", type=int, default=2, help="requests per point = this x concurrency (>= 4)")
+    p.add_argument("--quick", action="store_true", help="16 prompts per context (a smoke run)")
+    p.add_argument("--output", default=str(OUT))
+    args = p.parse_args()
+    args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads)
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
+    from trtllm_dflash.draft_length.settings import calibrate_engine
+    from trtllm_dflash.pairs import stdlib_pair
+
+    target, drafter = stdlib_pair()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        engine = build_engine(BuildSpec(str(target), str(drafter), str(root / "engine"), dtype="float32",
+                                        max_batch_size=max(args.concurrency), max_seq_len=1280),
+                              "benchmarks/serve_dflash_vs_plain.py")
+        cost, _ = calibrate_engine(engine)
+        from transformers import AutoTokenizer
+
+        prompts = prompt_sets(AutoTokenizer.from_pretrained(target), args.quick)
+        rows = []
+        for rep in range(args.repeats):
+            order = ("plain", "dflash") if rep % 2 == 0 else ("dflash", "plain")
+            print(f"repeat {rep + 1}/{args.repeats}: {' then '.join(order)}", file=sys.stderr, flush=True)
+            for decoding in order:
+                rows += [{**r, "repeat": rep} for r in one_server(engine, root, decoding, args, prompts)]
+        logs = {d: (root / f"server-{d}.log").read_text()[-4000:] for d in ("plain", "dflash")}
+    table = summarize(rows, args.repeats)
+    record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
+                          "python": platform.python_version(), "torch": torch.__version__,
+                          "load_average_at_end": os.getloadavg()},
+              "engine": "built-in stdlib pair, torch backend, float32, TP 1, block 16, max_batch_size "
+                        f"{max(args.concurrency)}", "new_tokens": NEW_TOKENS, "draft_len": args.draft_len,
+              "calibration": {"seconds_grid": cost.seconds, "batch_sizes": cost.batch_sizes,
+                              "draft_lens": cost.draft_lens, "contexts": cost.contexts, "meta": cost.meta},
+              "table": table, "rows": rows, "server_log_tails": logs}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{'context':>7} {'conc':>4} {'plain tok/s':>11} {'dflash tok/s':>12} {'ratio med':>9} "
+          f"{'min':>5} {'max':>5}  draft len (per repeat)")
+    for t in table:
+        lens = " ".join("n/a" if v is None else f"{v:.1f}" for v in t["draft_len_mean"])
+        print(f"{t['context']:>7} {t['concurrency']:>4} {t['plain_tok_s_median']:>11.1f} {t['dflash_tok_s_median']:>12.1f} "
+              f"{t['ratio_median']:>9.2f} {t['ratio_min']:>5.2f} {t['ratio_max']:>5.2f}  {lens}")
+    print(f"written: {args.output}")
+
+
+if __name__ == "__main__":
+    main()
