@@ -84,7 +84,7 @@ def test_duration_points_have_no_request_count():
     (["sweep", "--url", "u", "--model", "m", "--timeout", "0"], "--timeout must be a positive number, got 0.0"),
     (["sweep", "--url", "u", "--model", "m", "--warmup", "-1"], "--warmup must be a non-negative integer, got -1"),
     (["sweep", "--url", "u", "--model", "m", "--bogus"], "unrecognized arguments: --bogus"),
-    ([], "choose a command: sweep or report"),
+    ([], "choose a command: sweep, report or tune"),
 ])
 def test_cli_usage_errors_are_one_line(capsys, argv, needle):
     assert main(argv) == 2

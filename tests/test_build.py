@@ -60,9 +60,11 @@ def test_tp2_engine_equals_tp1_and_unsharded(pairs, tmp_path, name):
     for tp in (1, 2):
         assert build("--target", target, "--drafter", drafter, "--output", tmp_path / f"tp{tp}", "--tp", tp,
                      "--dtype", "float32") == 0
-    plain = outputs(PROMPTS[1], "--target", target, "--drafter", drafter)
-    assert outputs(PROMPTS[1], "--engine", tmp_path / "tp1") == plain
-    assert outputs(PROMPTS[1], "--engine", tmp_path / "tp2") == plain
+    # one fixed draft length (the whole block), so acceptance is comparable: `auto` times steps per process
+    k = json.loads((tmp_path / "tp1" / "manifest.json").read_text())["block_size"] - 1
+    plain = outputs(PROMPTS[1], "--target", target, "--drafter", drafter, "--draft-len", k)
+    assert outputs(PROMPTS[1], "--engine", tmp_path / "tp1", "--draft-len", k) == plain
+    assert outputs(PROMPTS[1], "--engine", tmp_path / "tp2", "--draft-len", k) == plain
 
 
 def test_tp2_engine_keeps_real_acceptance(builtin, tmp_path):
