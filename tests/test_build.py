@@ -73,8 +73,9 @@ def test_tp2_engine_keeps_real_acceptance(builtin, tmp_path):
     target, drafter = builtin
     assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "e", "--tp", 2, "--dtype", "float32") == 0
     prompt = ",".join(map(str, held_out_prompts(2)[1]))
-    plain = outputs(prompt, "--target", target, "--drafter", drafter)
-    assert outputs(prompt, "--engine", tmp_path / "e") == plain and max(plain[1]) > 1
+    k = json.loads((tmp_path / "e" / "manifest.json").read_text())["block_size"] - 1  # fixed: comparable acceptance
+    plain = outputs(prompt, "--target", target, "--drafter", drafter, "--draft-len", k)
+    assert outputs(prompt, "--engine", tmp_path / "e", "--draft-len", k) == plain and max(plain[1]) > 1
 
 
 def test_engine_shards_reassemble_to_the_original(pairs, tmp_path):
