@@ -77,8 +77,10 @@ def test_completions_equal_triton_generate_streaming_or_not(client, triton_serve
     assert (usage.prompt_tokens, usage.completion_tokens) == (len(prompt.encode()), MAX_NEW)  # a token a byte
     assert usage.total_tokens == usage.prompt_tokens + MAX_NEW
     dflash = usage.model_extra["dflash"]
-    assert dflash["drafted_tokens"] == expected["total_draft_tokens"] == 7 * dflash["draft_steps"]
-    assert dflash["accepted_tokens"] == expected["total_accepted_draft_tokens"]
+    # the server chooses each step's draft length (--draft-len auto, 1..7 per drafting step), so two requests'
+    # counts need not agree; each is bounded by its own steps
+    assert dflash["draft_steps"] <= dflash["drafted_tokens"] <= 7 * dflash["draft_steps"]
+    assert dflash["accepted_tokens"] <= dflash["drafted_tokens"]
     assert dflash["acceptance_length"] == pytest.approx(1 + dflash["accepted_tokens"] / dflash["draft_steps"])
 
     chunks = list(client.completions.create(model="dflash", prompt=prompt, max_tokens=MAX_NEW, temperature=0,
