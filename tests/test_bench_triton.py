@@ -59,9 +59,12 @@ def check_run(run, srv, points, per_point):
         # nothing else reached the server during the point: the counters saw exactly our requests
         assert delta["requests"] == per_point and delta["generated_tokens"] == sum(r["osl"] for r in mine)
         assert (delta["accepted_tokens"], delta["drafted_tokens"]) == (accepted, drafted)
-        assert p["acceptance_rate"] == pytest.approx(accepted / drafted, abs=1e-12)
-        assert p["acceptance_rate_responses"] == pytest.approx(p["acceptance_rate"], abs=1e-12)
-        assert p["acceptance_length"] == pytest.approx(1 + accepted / delta["draft_steps"])
+        if drafted:
+            assert p["acceptance_rate"] == pytest.approx(accepted / drafted, abs=1e-12)
+            assert p["acceptance_rate_responses"] == pytest.approx(p["acceptance_rate"], abs=1e-12)
+            assert p["acceptance_length"] == pytest.approx(1 + accepted / delta["draft_steps"])
+        else:  # --draft-len auto may decode a whole point plainly: no rate, not a division by zero
+            assert p["acceptance_rate"] is p["acceptance_rate_responses"] is None
         # every batch step drafted 0..block-1 tokens per request; a request is in at most every step
         assert delta["decode_steps"] >= max(r["server_draft_tokens"] > 0 for r in mine)
         assert 0 <= p["draft_len_mean"] <= srv["block"] - 1 and 0 <= p["plain_step_share"] <= 1

@@ -7,8 +7,12 @@ nothing. Counts are kept per cache slot (the request in it) and pooled over all 
 evidence decays (exponential forgetting), so the estimates follow drift such as the lower
 acceptance of long contexts. Estimates are shrunk where evidence is thin: a slot's toward the
 pooled rate, the pooled rate at position j toward the pooled rate at j - 1, position 1 toward
-`prior`. Host arrays only (numpy, [slots, positions]): the generator already has the accepted
-counts on the host.
+`prior`. The rates the policy plans with are optimistic: `optimism` standard errors above the
+estimate (an upper confidence bound, as in bandit exploration). Without it one early rejection, or
+positions never reached because the drafts were short, would look like poor acceptance and keep
+the policy from ever drafting deep enough to learn otherwise; with it thin evidence explores and
+ample evidence (at batch 1 about 1 / (1 - pooled_decay) steps) leaves a small bias. Host arrays
+only (numpy, [slots, positions]): the generator already has the accepted counts on the host.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ class AcceptanceSettings:
     slot_weight: float = 4.0  # pseudo-observations of the pooled rate behind each slot's rate
     pooled_decay: float = 0.95  # per step: the pooled counts' memory is about 1 / (1 - decay) steps
     slot_decay: float = 0.9  # per observation of that slot
+    optimism: float = 1.0  # standard errors added to each pooled rate (0: the plain posterior mean)
 
 
 class AcceptanceModel:
@@ -57,23 +62,27 @@ class AcceptanceModel:
         self.tried[rows, :k] = keep * self.tried[rows, :k] + tried
         self.accepted[rows, :k] = keep * self.accepted[rows, :k] + hit
 
-    def pooled_rates(self) -> np.ndarray:
-        """[K] conditional acceptance rates over all requests."""
+    def pooled_rates(self, bound: bool = False) -> np.ndarray:
+        """[K] conditional acceptance rates over all requests; bound: each an upper confidence bound, the
+        shrunk mean plus `optimism` standard errors of a rate seen on (decayed trials + prior weight)."""
         s, rates, previous = self.settings, np.empty(self.max_draft_len), self.settings.prior
         for j in range(self.max_draft_len):
-            previous = (self.pooled_accepted[j] + s.prior_weight * previous) / (self.pooled_tried[j] + s.prior_weight)
-            rates[j] = previous
+            seen = self.pooled_tried[j] + s.prior_weight
+            previous = (self.pooled_accepted[j] + s.prior_weight * previous) / seen  # the chain shrinks means
+            spread = s.optimism * np.sqrt(previous * (1.0 - previous) / seen) if bound else 0.0
+            rates[j] = min(1.0, previous + spread)
         return rates
 
-    def rates(self, slots: list[int]) -> np.ndarray:
-        """[B, K] each slot's conditional acceptance rates."""
+    def rates(self, slots: list[int], bound: bool = False) -> np.ndarray:
+        """[B, K] each slot's conditional acceptance rates (shrunk toward the pooled ones, or their bound)."""
         w = self.settings.slot_weight
-        return (self.accepted[slots] + w * self.pooled_rates()) / (self.tried[slots] + w)
+        return (self.accepted[slots] + w * self.pooled_rates(bound)) / (self.tried[slots] + w)
 
     def expected_tokens(self, slots: list[int], remaining: list[int]) -> np.ndarray:
         """[B, K + 1]: expected tokens each request emits at draft length 0..K (the target's own token
         included), counting none past its remaining budget (tokens beyond max_new_tokens are wasted)."""
-        survive = np.cumprod(self.rates(slots), axis=1)  # [B, K]: P(at least j + 1 drafts accepted)
+        # [B, K]: P(at least j + 1 drafts accepted), planned with the optimistic rates (they explore)
+        survive = np.cumprod(self.rates(slots, bound=True), axis=1)
         useful = np.arange(self.max_draft_len)[None, :] < (np.asarray(remaining)[:, None] - 1)
         gained = np.cumsum(survive * useful, axis=1)
         return 1.0 + np.concatenate([np.zeros((len(slots), 1)), gained], axis=1)
