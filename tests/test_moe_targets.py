@@ -157,15 +157,12 @@ def test_mxfp4_checkpoint_matches_transformers(tmp_path):
 
 
 def test_tp2_engine_equals_transformers(moe_target, drafter, tmp_path):
-    """Experts split inside each expert over two ranks (gloo on loopback) give transformers' tokens.
-    gpt-oss only (its experts, biases and sinks are all sharded; Qwen3-MoE's experts are the same
-    module without biases, their shards checked in test_moe_build): two spawned ranks are costly."""
+    """Experts split inside each expert over two ranks (gloo on loopback) give transformers' tokens:
+    gpt-oss (expert biases, sinks, sliding windows all sharded) and Qwen3-MoE (norm_topk_prob routing)."""
     from trtllm_dflash.cli.build import main as build_main
     from trtllm_dflash.engine import generate_with_engine
 
     hf, path, expected = moe_target
-    if hf.config.model_type != "gpt_oss":
-        pytest.skip("one family covers the sharded expert module")
     requests = [Request(tuple(p), N, ignore_eos=True) for p in PROMPTS[:2]]
     out = tmp_path / "tp2"
     assert build_main(["--target", str(path), "--drafter", str(drafter), "--output", str(out), "--tp", "2",
