@@ -81,10 +81,12 @@ class ReferenceDrafter:
 
 
 @torch.no_grad()
-def reference_dflash_greedy(hf, drafter: ReferenceDrafter, prompt: list[int], n: int, block: int):
+def reference_dflash_greedy(hf, drafter: ReferenceDrafter, prompt: list[int], n: int, block: int,
+                            draft_lens: list[int] | None = None):
     """The spec's generation loop at batch 1, greedy, target recomputed in full every step.
 
-    -> (output ids, acceptance lengths, drafts of every step)."""
+    draft_lens: drafts per step, in turn (0: a plain step, the drafter does not run); default block - 1.
+    -> (output ids, acceptance lengths, drafts of every drafting step)."""
     cfg = drafter.cfg
     ids_layers = cfg["dflash_config"]["target_layer_ids"]
     mask = cfg["dflash_config"]["mask_token_id"]
@@ -98,11 +100,16 @@ def reference_dflash_greedy(hf, drafter: ReferenceDrafter, prompt: list[int], n:
     seq = list(prompt) + [int(logits[-1].argmax())]
     out, lengths, all_drafts = [seq[-1]], [], []
     start = len(prompt)
+    step = 0
     while len(out) < n:
-        block_ids = [seq[start]] + [mask] * (block - 1)
-        hidden = drafter(feats[:, :start], embed(torch.tensor([block_ids])), start)
-        drafts = lm_head(hidden[0, 1:]).argmax(-1).tolist()
-        all_drafts.append(drafts)
+        k = block - 1 if draft_lens is None else draft_lens[step % len(draft_lens)]
+        step += 1
+        drafts = []
+        if k > 0:
+            block_ids = [seq[start]] + [mask] * k
+            hidden = drafter(feats[:, :start], embed(torch.tensor([block_ids])), start)
+            drafts = lm_head(hidden[0, 1:]).argmax(-1).tolist()
+            all_drafts.append(drafts)
         logits, feats = target(seq[: start + 1] + drafts)
         posterior = logits[start:].argmax(-1).tolist()
         a = 0

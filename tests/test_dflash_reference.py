@@ -1,5 +1,6 @@
 """Per-step drafts, acceptance and output against the spec's reference algorithm on the same weights."""
 
+import itertools
 import json
 
 import pytest
@@ -9,6 +10,7 @@ from safetensors.torch import load_file
 from oracle import ReferenceDrafter, reference_dflash_greedy
 from tiny_models import drafter_config, write_drafter
 from trtllm_dflash.builtin import held_out_prompts
+from trtllm_dflash.draft_length.policy import DraftLenPolicy
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
 
@@ -26,14 +28,26 @@ def recording(proposer):
     return drafts
 
 
-def compare(target_dir, drafter_dir, prompt, n, block):
+class Scripted(DraftLenPolicy):
+    """Draft lengths from a list, in turn."""
+
+    def __init__(self, lengths):
+        self.lengths = itertools.cycle(lengths)
+
+    def choose(self, batch):
+        return next(self.lengths)
+
+
+def compare(target_dir, drafter_dir, prompt, n, block, draft_lens=None):
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(target_dir, attn_implementation="eager").eval()
     cfg = json.loads((drafter_dir / "config.json").read_text())
     ref = ReferenceDrafter(cfg, load_file(str(drafter_dir / "model.safetensors")))
-    ref_out, ref_lengths, ref_drafts = reference_dflash_greedy(hf, ref, prompt, n, block)
+    ref_out, ref_lengths, ref_drafts = reference_dflash_greedy(hf, ref, prompt, n, block, draft_lens)
     pipe = load_pipeline(target_dir, drafter_dir)
+    if draft_lens is not None:
+        pipe.generator.policy = Scripted(draft_lens)
     drafts = recording(pipe.generator.proposer)
     result = pipe.generator.generate([Request(tuple(prompt), n, ignore_eos=True)], block)[0]
     assert drafts == ref_drafts
@@ -48,6 +62,16 @@ def test_trained_pair_matches_reference_step_by_step(builtin, block):
     prompt = held_out_prompts(2)[1]
     result = compare(target_dir, drafter_dir, prompt, 48, block)
     assert max(result.acceptance_lengths) > 1  # acceptance was exercised, not only rejections
+
+
+def test_drafts_after_long_runs_of_plain_steps_match_reference(builtin):
+    """Plain steps (draft length 0) defer the drafter's context K/V and write them in batches (every
+    16 plain steps, and before the next drafting step): the drafts after 3, 17 and 20 plain steps in a
+    row must be the reference's, which recomputes the drafter's whole context every step."""
+    target_dir, drafter_dir = builtin
+    prompt = held_out_prompts(2)[1]
+    result = compare(target_dir, drafter_dir, prompt, 64, 8, draft_lens=[0] * 17 + [7] + [0] * 3 + [5] + [0] * 20 + [7] * 4)
+    assert max(result.acceptance_lengths) > 1
 
 
 def test_sliding_window_layers_match_reference(hf_target, workdir):

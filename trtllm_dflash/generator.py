@@ -204,7 +204,7 @@ class Generator:
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling)
         if commit is None:
             self.target.commit(self.cache, ctx.slots, num_accepted + 1, tokens.shape[1])
-        self.proposer.commit(ctx.slots, features, positions)
+        (self.proposer.commit if k > 0 else self.proposer.defer)(ctx.slots, features, positions)
         self.slots.starts[:n] = starts + torch.where(self.slots.active[:n], num_accepted + 1, 0)
         self.slots.anchors[:n] = bonus
         self.slots.steps[:n] += 1

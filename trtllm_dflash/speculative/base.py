@@ -38,6 +38,11 @@ class Proposer(ABC):
         may be included; they lie beyond its context and are overwritten before they are used.
         """
 
+    def defer(self, slots: torch.Tensor, features: torch.Tensor | None, positions: torch.Tensor) -> None:
+        """`commit` for a plain step's tokens (T = 1), which the method may write later, batched: before
+        its next `propose` or `commit`, so every write still lands in the order the tokens ran."""
+        self.commit(slots, features, positions)
+
     @abstractmethod
     def propose(self, batch: StepBatch, num_drafts: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> drafts [B, num_drafts] and their proposal probabilities [B, num_drafts, V].

@@ -14,6 +14,12 @@ from ..sampling import PROPOSE, sample, token_probs, uniforms
 from .base import Proposer, StepBatch
 
 CONTEXT_KV_PATHS = ("op", "triton", "unfused")
+# Plain steps whose context K/V wait to be written together. A plain step (draft length 0) needs no
+# drafter, but its token's context K/V must exist before the next drafting step: written one step at
+# a time they cost a plain step of the built-in pair on CPU about 9 % (0.57 ms of 6.4 ms, batch 1),
+# written 16 steps at once about 0.06 ms per step. So a DFlash engine decoding plainly (draft length
+# chosen 0) stays near plain decoding's speed.
+PENDING_STEPS = 16
 
 
 class DFlashProposer(Proposer):
@@ -37,11 +43,34 @@ class DFlashProposer(Proposer):
         self.context_kv = context_kv if fusable else "unfused"
         self.stacked = context_kv_weights(drafter) if self.context_kv != "unfused" else None
         self.cache: KVCache | None = None
+        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # deferred (slots, features, positions)
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         self.cache = self.drafter.new_cache(num_slots, capacity)
+        self.pending = []
 
     def commit(self, slots, features, positions) -> None:
+        self.flush()
+        self.write(slots, features, positions)
+
+    def defer(self, slots, features, positions) -> None:
+        # features is a fresh tensor of this step's forward (eager mode), safe to keep until the flush
+        self.pending.append((slots, features, positions))
+        if len(self.pending) >= PENDING_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the deferred plain steps' context K/V as one batch of N = sum of their rows tokens."""
+        if not self.pending:
+            return
+        pending, self.pending = self.pending, []
+        slots = torch.cat([s[:, None].expand(p.shape) for s, _, p in pending]).reshape(-1, 1)  # [N, 1]
+        features = torch.cat([f.reshape(-1, 1, f.shape[-1]) for _, f, _ in pending])  # [N, 1, F]
+        positions = torch.cat([p.reshape(-1, 1) for _, _, p in pending])  # [N, 1]
+        self.write(slots[:, 0], features, positions)
+
+    def write(self, slots, features, positions) -> None:
+        """Context K/V of tokens at positions [B, T] of rows in cache slots [B], from features [B, T, F]."""
         if self.context_kv == "unfused":
             ctx = ForwardContext(positions, self.cache, slots)
             for layer, (k, v) in zip(self.cache.layers, self.drafter.context_kv(features, positions)):
@@ -58,6 +87,7 @@ class DFlashProposer(Proposer):
             write_context_kv(*args)
 
     def propose(self, batch: StepBatch, num_drafts: int):
+        self.flush()  # the drafter attends to every committed token's context K/V
         anchors, block_size = batch.anchors, num_drafts + 1
         block = anchors[:, None].repeat(1, block_size)
         block[:, 1:] = self.mask_token_id
