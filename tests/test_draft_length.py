@@ -78,9 +78,9 @@ def test_monotone_pools_dips_instead_of_taking_the_maximum():
 def test_step_seconds_on_and_between_grid_points(tmp_path):
     seconds = [[[1.0, 2.0, 4.0], [2.0, 3.0, 6.0]], [[3.0, 4.0, 8.0], [4.0, 5.0, 10.0]]]
     model = CostModel((1, 3), (0, 1, 3), (100, 300), seconds, {"device": "cpu: x"})
-    assert model.step_seconds(1, 100, 3) == [1.0, 2.0, 3.0, 4.0]
+    assert model.step_seconds(1, 100, 3).tolist() == [1.0, 2.0, 3.0, 4.0]
     assert model.step_seconds(2, 200, 1) == pytest.approx([2.5, 3.5])  # the middle of all four
-    assert model.step_seconds(3, 300, 9) == [4.0, 5.0, 7.5, 10.0]  # capped at the measured maximum
+    assert model.step_seconds(3, 300, 9).tolist() == [4.0, 5.0, 7.5, 10.0]  # capped at the measured maximum
     path = tmp_path / "c.json"
     model.save(path)
     again = CostModel.load(path)

@@ -14,15 +14,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import DFlashError
 
 FORMAT = "dflash-step-cost/1"
 
 
-def interpolate(xs: tuple[int, ...], ys: list[float], x: float) -> float:
+def interpolate(xs: tuple[int, ...], ys, x: float):
     """Piecewise-linear through (xs, ys); flat below the first point (a step never gets cheaper than the
     smallest one measured), extended past the last along the last segment's slope when it rises (dense
-    work grows linearly in tokens), flat when it falls."""
+    work grows linearly in tokens), flat when it falls. ys: numbers, or arrays interpolated elementwise."""
     if len(xs) == 1 or x <= xs[0]:
         return ys[0]
     i = 1
@@ -30,7 +32,7 @@ def interpolate(xs: tuple[int, ...], ys: list[float], x: float) -> float:
         i += 1
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     if x > x1:  # past the end: never falling (a noisy last segment must not predict a free step)
-        return y1 + max(0.0, y1 - y0) * (x - x1) / (x1 - x0)
+        return y1 + np.maximum(0.0, y1 - y0) * (x - x1) / (x1 - x0)
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
@@ -69,19 +71,28 @@ class CostModel:
         if _shape(self.seconds) != shape or not all(math.isfinite(v) and v > 0 for v in _flat(self.seconds)):
             raise DFlashError(f"step cost model: seconds must be positive numbers of shape {shape} "
                               "(contexts x batch sizes x draft lengths)")
+        self._tables: dict[tuple[int, int], np.ndarray] = {}  # step_seconds' per-(batch, max_draft_len) tables
 
     @property
     def max_draft_len(self) -> int:
         return self.draft_lens[-1]
 
-    def step_seconds(self, batch: int, context: int, max_draft_len: int) -> list[float]:
-        """-> seconds of one step at draft length 0, 1, ..., max_draft_len (at most the measured maximum)."""
-        per_measured_k = []
-        for k in range(len(self.draft_lens)):
-            at_context = [interpolate(self.batch_sizes, [row[k] for row in grid], batch) for grid in self.seconds]
-            per_measured_k.append(interpolate(self.contexts, at_context, context))
-        top = min(max_draft_len, self.max_draft_len)
-        return [interpolate(self.draft_lens, per_measured_k, k) for k in range(top + 1)]
+    def step_seconds(self, batch: int, context: int, max_draft_len: int) -> np.ndarray:
+        """-> [top + 1] seconds of one step at draft length 0, 1, ..., top = min(max_draft_len, the measured
+        maximum). Asked every step: the batch and draft-length axes are interpolated once per (batch,
+        max_draft_len) and kept, the context (which moves every step) last, as one array operation."""
+        table = self._tables.get((batch, max_draft_len))
+        if table is None:
+            table = self._tables[batch, max_draft_len] = self.context_table(batch, max_draft_len)
+        return interpolate(self.contexts, table, context)
+
+    def context_table(self, batch: int, max_draft_len: int) -> np.ndarray:
+        """[contexts, top + 1]: seconds at each measured context for draft length 0..top at this batch."""
+        top, rows = min(max_draft_len, self.max_draft_len), []
+        for grid in self.seconds:  # [batch sizes][draft lengths] at one context
+            per_k = [interpolate(self.batch_sizes, [row[k] for row in grid], batch) for k in range(len(self.draft_lens))]
+            rows.append([interpolate(self.draft_lens, per_k, k) for k in range(top + 1)])
+        return np.asarray(rows, dtype=float)
 
     def covers(self, batch: int, max_draft_len: int) -> bool:
         """Measured up to this batch size and draft length (contexts are extrapolated)."""
