@@ -168,8 +168,10 @@ class Generator:
 
     def batch_view(self, running: list[Sequence]) -> BatchView:
         """The running batch as the policy sees it, from host-side lengths (no device sync)."""
-        return BatchView([s.slot for s in running], max(s.start for s in running),
-                         [s.request.max_new_tokens - len(s.result.output_ids) for s in running], self.block - 1)
+        slots = [s.slot for s in running]
+        return BatchView(slots, max(s.start for s in running),
+                         [s.request.max_new_tokens - len(s.result.output_ids) for s in running], self.block - 1,
+                         rows=max(slots) + 1)
 
     def draft_len(self, running: list[Sequence]) -> int:
         """The policy's draft length for the next step of `running` (0..block - 1)."""
