@@ -98,8 +98,11 @@ def test_sweep_then_report_on_the_real_server(server, tmp_path, capsys):
     assert rows[(level, "http")]["throughput_per_gpu"] == pytest.approx(front[0][1])  # a measured point
     assert rows[(level, "http")]["ratio_to_baseline"] == pytest.approx(1.0)
     assert rows[(beyond, "http")]["throughput_per_gpu"] is None and rows[(beyond, "grpc")]["throughput_per_gpu"] is None
-    grpc_value = rows[(level, "grpc")]["throughput_per_gpu"]
-    assert grpc_value == interpolate([tuple(p) for p in table["frontiers"]["grpc"]], [level])[0]
+    grpc_value, grpc_front = rows[(level, "grpc")]["throughput_per_gpu"], [tuple(p) for p in table["frontiers"]["grpc"]]
+    if level < grpc_front[0][0]:  # below grpc's measured range: a lower bound, its best point at or above
+        assert rows[(level, "grpc")]["basis"] == "at_or_above" and grpc_value == pytest.approx(grpc_front[0][1])
+    else:
+        assert grpc_value == interpolate(grpc_front, [level])[0]
     if grpc_value is not None:
         assert rows[(level, "grpc")]["ratio_to_baseline"] == pytest.approx(grpc_value / front[0][1])
     csv_lines = (rep / "table.csv").read_text().splitlines()
