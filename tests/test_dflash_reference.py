@@ -1,6 +1,5 @@
 """Per-step drafts, acceptance and output against the spec's reference algorithm on the same weights."""
 
-import itertools
 import json
 
 import pytest
@@ -8,9 +7,9 @@ import torch
 from safetensors.torch import load_file
 
 from oracle import ReferenceDrafter, reference_dflash_greedy
+from test_draft_length_runtime import Scripted
 from tiny_models import drafter_config, write_drafter
 from trtllm_dflash.builtin import held_out_prompts
-from trtllm_dflash.draft_length.policy import DraftLenPolicy
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
 
@@ -26,16 +25,6 @@ def recording(proposer):
 
     proposer.propose = wrapped
     return drafts
-
-
-class Scripted(DraftLenPolicy):
-    """Draft lengths from a list, in turn."""
-
-    def __init__(self, lengths):
-        self.lengths = itertools.cycle(lengths)
-
-    def choose(self, batch):
-        return next(self.lengths)
 
 
 def compare(target_dir, drafter_dir, prompt, n, block, draft_lens=None):

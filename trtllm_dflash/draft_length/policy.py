@@ -124,7 +124,7 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
-        seconds = np.asarray(self.cost.step_seconds(batch.cost_batch, batch.context, batch.max_draft_len))
+        seconds = self.cost.step_seconds(batch.cost_batch, batch.context, batch.max_draft_len)
         tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining).sum(0)[: len(seconds)]
         return tokens / seconds
 

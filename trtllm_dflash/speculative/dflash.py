@@ -64,10 +64,10 @@ class DFlashProposer(Proposer):
         if not self.pending:
             return
         pending, self.pending = self.pending, []
-        slots = torch.cat([s[:, None].expand(p.shape) for s, _, p in pending]).reshape(-1, 1)  # [N, 1]
+        slots = torch.cat([s[:, None].expand(p.shape).reshape(-1) for s, _, p in pending])  # [N]
         features = torch.cat([f.reshape(-1, 1, f.shape[-1]) for _, f, _ in pending])  # [N, 1, F]
         positions = torch.cat([p.reshape(-1, 1) for _, _, p in pending])  # [N, 1]
-        self.write(slots[:, 0], features, positions)
+        self.write(slots, features, positions)
 
     def write(self, slots, features, positions) -> None:
         """Context K/V of tokens at positions [B, T] of rows in cache slots [B], from features [B, T, F]."""
