@@ -77,7 +77,7 @@ def main() -> None:
         ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
         proc = start_server(find_tritonserver(root / "triton"), root / "repo", ends, open(root / "log", "w"))
         try:
-            wait_ready(proc, ends)
+            wait_ready(proc)
             url = f"{ends.http_url}/v2/models/dflash/generate"
             post(url, {"text_input": prompts[0], "sampling_param_max_tokens": 8})  # warm-up
             rows = [run_point(url, prompts, c) for c in (1, 4, 16)]

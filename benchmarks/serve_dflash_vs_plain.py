@@ -114,7 +114,7 @@ def serve(engine: Path, root: Path, decoding: str, draft_len: str):
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     log = open(root / f"server-{decoding}.log", "a")
     proc = start_server(find_tritonserver(root / "triton"), repo, ends, log)
-    wait_ready(proc, ends, timeout=900)
+    wait_ready(proc, timeout=900)
     return proc, ends
 
 

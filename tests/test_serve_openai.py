@@ -36,7 +36,7 @@ def start(server, tmp_path, chat_template=None):
 def frontends(triton_server, tmp_path_factory):
     """Two frontends started together: one with --chat-template, one with the tokenizer's (none)."""
     from trtllm_dflash.serve.openai.process import wait_frontend
-    from trtllm_dflash.serve.server import stop_server
+    from trtllm_dflash.serve.server import stop_process
 
     tmp = tmp_path_factory.mktemp("openai")
     (tmp / "chat.jinja").write_text(TEMPLATE)
@@ -46,7 +46,7 @@ def frontends(triton_server, tmp_path_factory):
             wait_frontend(proc, settings, timeout=180)
         yield [settings for settings, _, _ in started]
     finally:
-        codes = [stop_server(proc, grace=15) for _, proc, _ in started]
+        codes = [stop_process(proc, grace=15) for _, proc, _ in started]
         for _, _, log in started:
             log.close()
     assert codes == [0, 0], [(tmp / f"frontend-{s.port}.log").read_text()[-2000:] for s, _, _ in started]

@@ -32,7 +32,7 @@ def serving(builtin, root, tp=1, decoding="dflash"):
     log = open(root / "server.log", "w")
     proc = start_server(find_tritonserver(root / "triton"), root / "repo", ends, log)
     try:
-        wait_ready(proc, ends, timeout=240)
+        wait_ready(proc, timeout=240)
     except Exception:
         stop_server(proc, grace=5)
         raise AssertionError((root / "server.log").read_text()[-3000:])
@@ -169,6 +169,8 @@ def test_sixteen_concurrent_streams_decode_together(server):
     ({"text_input": "hi", "sampling_param_temperature": -1.0}, "temperature must be >= 0, got -1.0"),
     ({"text_input": "hi", "sampling_param_top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
     ({"text_input": "hi", "sampling_param_max_tokens": "many"}, "Unable to parse"),  # Triton checks types
+    ({"text_input": ["hi", "there"]}, "'text_input' takes one value per request, got 2"),  # never truncated
+    ({"text_input": "hi", "sampling_param_max_tokens": [4, 8]}, "can not convert input 'sampling_param_max_tokens'"),
 ])
 def test_bad_requests_get_errors_while_others_are_served(server, bad, needle):
     good = {}
@@ -178,6 +180,30 @@ def test_bad_requests_get_errors_while_others_are_served(server, bad, needle):
     t.join(120)
     assert needle in reply.get("error", ""), reply
     assert good.get("num_output_tokens") == MAX_NEW, good
+
+
+def test_non_utf8_prompt_bytes_are_one_line(server):
+    """Bytes that are not UTF-8 (gRPC carries raw BYTES; JSON cannot) get one line naming the input and byte."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server['ends'].grpc_port}")
+    replies, done = [], threading.Event()
+
+    def callback(result, error):
+        replies.append(error if error is not None else result)
+        done.set()
+
+    text = grpcclient.InferInput("text_input", [1], "BYTES")
+    text.set_data_from_numpy(np.array([b"def f():\xff\xfe"], dtype=np.object_))
+    client.start_stream(callback=callback)
+    client.async_stream_infer("dflash", [text], enable_empty_final_response=False)
+    assert done.wait(60)
+    client.stop_stream()
+    message = str(replies[0])
+    assert "'text_input' is not UTF-8 text: byte 0xff at offset 8" in message, message
+    assert "Traceback" not in message and "\n" not in message.strip()
+    assert post(server, "generate", body("def f():"))["num_output_tokens"] == MAX_NEW  # still serving
 
 
 def test_disconnect_mid_stream_frees_the_slot(server):

@@ -78,7 +78,7 @@ def sweep(engine: Path, out: Path, decoding: str, args, dataset: Path) -> Path:
     with open(out / f"server-{decoding}.log", "w") as server_log:
         proc = start_server(find_tritonserver(out / ".triton"), repo, ends, server_log)
         try:
-            wait_ready(proc, ends, timeout=300)
+            wait_ready(proc, timeout=300)
             log(f"serving {decoding} on {ends.http_url}; sweeping concurrency {args.concurrency}")
             code = bench_main(["sweep", "--url", ends.http_url, "--model", MODEL, "--concurrency", args.concurrency,
                                "--prompts-per-point", str(args.prompts_per_point), "--osl", str(args.osl),

@@ -78,9 +78,12 @@ def run(argv: list[str] | None) -> int:
     from ..builder.manifest import Manifest
     from ..serve.locate import find_tritonserver
     from ..serve.repository import ServeSettings, write_repository
-    from ..serve.server import Endpoints, run_foreground
+    from ..serve.server import Endpoints, check_ports_free, run_foreground
 
     args = parser().parse_args(argv)
+    ends = Endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)
+    if not (args.repository_only or args.write_only or args.print_launch):
+        check_ports_free(ends, args.openai_port)  # one line now, not a Triton log line after the model loads
     settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding, args.draft_len)
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
@@ -110,7 +113,6 @@ def run(argv: list[str] | None) -> int:
                           "the repository)")
     install = find_tritonserver(repo.parent / ".dflash-triton")
     print(f"tritonserver: {install.binary} (from the {install.origin})", file=sys.stderr)
-    ends = Endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)
     print(f"serving on {ends.http_url} (gRPC :{ends.grpc_port}, metrics {ends.metrics_url}); Ctrl-C stops",
           file=sys.stderr)
     return run_foreground(install, repo, ends, frontend)

@@ -7,6 +7,7 @@ every request its new text (streaming) or its whole answer (when finished).
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -60,8 +61,12 @@ class Counters:
 
 class ServingLoop:
     def __init__(self, generator: Generator, tokenizer, max_batch_size: int, max_seq_len: int, max_queue: int,
-                 on_update=None, on_step=None):
+                 on_update=None, on_step=None, stop_file: str | None = None):
         self.generator, self.tokenizer = generator, tokenizer
+        # dflash-serve creates this file to begin a shutdown: Triton unloads a model only once its requests
+        # are over, so the loop must end them first (each gets a final SHUTTING_DOWN response)
+        self.stop_file = stop_file
+        self.draining = False
         self.max_queue = max_queue
         self.pending: queue.Queue[ServeRequest] = queue.Queue()
         self.counters = Counters()
@@ -76,6 +81,8 @@ class ServingLoop:
 
     def submit(self, req: ServeRequest) -> None:
         """Queue a validated request, or answer at once when it cannot be served."""
+        if self.draining:
+            return self.reject(req.responder, f"{SHUTTING_DOWN}: not accepting requests")
         try:
             self.generator.validate(req.request)
         except DFlashError as exc:
@@ -97,11 +104,24 @@ class ServingLoop:
 
     def run(self) -> None:
         while not self.stopping.is_set():
+            if self.draining or self.stop_requested():
+                self.drain()
+                continue
             try:
                 self.iterate()
             except Exception as exc:  # keep serving: fail the requests in flight, not the server
                 self.fail_running(f"{INTERNAL_ERROR}: {type(exc).__name__}: {exc}")
         self.shutdown()
+
+    def stop_requested(self) -> bool:
+        return self.stop_file is not None and os.path.exists(self.stop_file)  # one stat() per step
+
+    def drain(self) -> None:
+        """Shutdown has begun: end what runs and waits (also what `submit` raced into the queue)."""
+        self.draining = True
+        self.shutdown()
+        self.publish()
+        time.sleep(STEP_IDLE_S)
 
     def iterate(self) -> None:
         self.admit()
@@ -215,7 +235,7 @@ class ServingLoop:
     def shutdown(self) -> None:
         self.fail_running(f"{SHUTTING_DOWN}: request cancelled")
         while not self.pending.empty():
-            self.pending.get_nowait().responder.error(f"{SHUTTING_DOWN}: request cancelled")
+            self.reject(self.pending.get_nowait().responder, f"{SHUTTING_DOWN}: request cancelled")
 
 
 def first_stop(text: str, stops: tuple[str, ...]) -> int | None:

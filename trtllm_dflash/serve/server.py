@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -13,6 +16,7 @@ from pathlib import Path
 
 from ..errors import DFlashError
 from .locate import TritonInstall
+from .shutdown import EXIT_TIMEOUT_S, STOP_FILE_ENV, begin_drain, unload_all
 
 STOP_GRACE_S = 30
 
@@ -34,35 +38,84 @@ class Endpoints:
 
 
 def server_command(install: TritonInstall, repo: Path, ends: Endpoints) -> list[str]:
+    """Explicit model control, every model loaded at start: a stop can unload them (serve/shutdown.py)."""
     return [str(install.binary), "--model-repository", str(repo), "--backend-directory", str(install.backend_dir),
             "--http-address", ends.host, "--grpc-address", ends.host, "--metrics-address", ends.host,
             "--http-port", str(ends.http_port), "--grpc-port", str(ends.grpc_port),
-            "--metrics-port", str(ends.metrics_port), "--exit-on-error", "true", "--log-verbose", "0"]
+            "--metrics-port", str(ends.metrics_port), "--model-control-mode", "explicit", "--load-model", "*",
+            "--exit-timeout-secs", str(EXIT_TIMEOUT_S), "--exit-on-error", "true", "--log-verbose", "0"]
 
 
-def start_server(install: TritonInstall, repo: Path, ends: Endpoints, log=None) -> subprocess.Popen:
-    env = {**os.environ, **install.env}
-    return subprocess.Popen(server_command(install, repo, ends), env=env, stdout=log, stderr=subprocess.STDOUT if log else None,
-                            start_new_session=True)
+@dataclass
+class TritonServer:
+    """A running tritonserver: its process, where it listens, and its private folder (the stop file)."""
+
+    proc: subprocess.Popen
+    ends: Endpoints
+    workdir: Path
+
+    @property
+    def stop_file(self) -> Path:
+        return self.workdir / "stop"
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
 
 
-def wait_ready(proc: subprocess.Popen, ends: Endpoints, timeout: float = 300) -> None:
+def start_server(install: TritonInstall, repo: Path, ends: Endpoints, log=None) -> TritonServer:
+    """Its own process group (a terminal's Ctrl-C reaches dflash-serve, which stops it in order)."""
+    workdir = Path(tempfile.mkdtemp(prefix="dflash-serve-"))
+    env = {**os.environ, **install.env, STOP_FILE_ENV: str(workdir / "stop")}
+    proc = subprocess.Popen(server_command(install, repo, ends), env=env, stdout=log,
+                            stderr=subprocess.STDOUT if log else None, start_new_session=True)
+    return TritonServer(proc, ends, workdir)
+
+
+def check_ports_free(ends: Endpoints, openai_port: int | None = None) -> None:
+    """One line naming a port another process holds, before tritonserver would fail on it much later."""
+    ports = [("--http-port", ends.http_port), ("--grpc-port", ends.grpc_port), ("--metrics-port", ends.metrics_port)]
+    for flag, port in ports + ([("--openai-port", openai_port)] if openai_port is not None else []):
+        with socket.socket(socket.AF_INET6 if ":" in ends.host else socket.AF_INET) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free (to Triton too)
+            try:
+                s.bind((ends.host, port))
+            except OSError as exc:
+                raise DFlashError(f"{flag} {port} on {ends.host} is not available: {exc.strerror}") from None
+
+
+def wait_ready(server: TritonServer, timeout: float = 300, stopped=lambda: False) -> None:
+    """Until the server answers ready (or `stopped()` turns true: a stop while loading is not a failure)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise DFlashError(f"tritonserver exited with code {proc.returncode} before it was ready")
+    while time.monotonic() < deadline and not stopped():
+        if server.poll() is not None:
+            raise DFlashError(f"tritonserver exited with code {server.proc.returncode} before it was ready")
         try:
-            with urllib.request.urlopen(f"{ends.http_url}/v2/health/ready", timeout=2) as r:
+            with urllib.request.urlopen(f"{server.ends.http_url}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
                     return
         except OSError:
             pass
         time.sleep(0.5)
-    raise DFlashError(f"tritonserver not ready after {timeout:.0f} s at {ends.http_url}")
+    if stopped():
+        return
+    raise DFlashError(f"tritonserver not ready after {timeout:.0f} s at {server.ends.http_url}")
 
 
-def stop_server(proc: subprocess.Popen, grace: float = STOP_GRACE_S) -> int:
-    """SIGTERM (Triton unloads models, which finishes or cancels requests), then SIGKILL the group."""
+def stop_server(server: TritonServer, grace: float = STOP_GRACE_S) -> int:
+    """End requests in flight, unload the models, SIGTERM; SIGKILL the group after `grace` seconds."""
+    if server.poll() is None:
+        begin_drain(server.stop_file)
+        unload_all(server.ends.http_url, grace)
+    stop_process(server.proc, grace)
+    shutil.rmtree(server.workdir, ignore_errors=True)
+    return server.proc.returncode
+
+
+def stop_process(proc: subprocess.Popen, grace: float) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -77,29 +130,24 @@ def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend
     """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. With `frontend` (FrontendSettings), the
     OpenAI frontend runs beside tritonserver, started once Triton is ready and stopped first (it ends its
     streams while Triton still answers); when either child dies, the other is stopped too."""
-    children = [start_server(install, repo, ends)]
+    server = start_server(install, repo, ends)
+    children: list[subprocess.Popen] = []  # the frontend, once started
     stop = {"requested": False}
 
-    def forward(signum, frame):
+    def request_stop(signum, frame):  # the main loop below does the stopping, in order
         stop["requested"] = True
-        for child in reversed(children):
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if frontend is not None:
-            try:
-                start_openai(children, ends, frontend, stop)
-            except DFlashError:
-                if not stop["requested"]:  # a signal while starting is a stop, not a failure
-                    raise
-        while all(child.poll() is None for child in children):
+            start_openai(server, children, frontend, stop)
+        while not stop["requested"] and server.poll() is None and all(c.poll() is None for c in children):
             time.sleep(0.2)
-        codes = [stop_server(child) for child in reversed(children)]
-    finally:
-        for child in reversed(children):  # an error above must not leave a child behind
-            stop_server(child)
+    except DFlashError:
+        if not stop["requested"]:  # a signal while starting is a stop, not a failure
+            raise
+    finally:  # frontend first, then Triton; an error above must not leave a child behind
+        codes = [stop_process(child, STOP_GRACE_S) for child in children] + [stop_server(server)]
         for s, handler in old.items():
             signal.signal(s, handler)
     if stop["requested"] and all(code in (0, -signal.SIGTERM) for code in codes):
@@ -107,11 +155,11 @@ def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend
     return next((code for code in codes if code not in (0, -signal.SIGTERM)), 1)
 
 
-def start_openai(children: list[subprocess.Popen], ends: Endpoints, settings, stop: dict) -> None:
-    """The OpenAI frontend (appended to `children` at once, so a signal reaches it), once Triton is ready."""
+def start_openai(server: TritonServer, children: list[subprocess.Popen], settings, stop: dict) -> None:
+    """The OpenAI frontend (appended to `children` at once, so a stop reaches it), once Triton is ready."""
     from .openai.process import start_frontend, wait_frontend
 
-    wait_ready(children[0], ends)
+    wait_ready(server, stopped=lambda: stop["requested"])
     if stop["requested"]:
         return
     children.append(start_frontend(settings))

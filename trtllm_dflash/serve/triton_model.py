@@ -8,6 +8,7 @@ the `num_output_tokens`, `num_input_tokens`, `num_draft_steps` outputs (the serv
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from ..errors import DFlashError
 from ..request import Request
 from ..sampling import SamplingParams
 from .loop import Counters, ServeRequest, ServingLoop
+from .shutdown import STOP_FILE_ENV
 
 DEFAULT_MAX_TOKENS = 32  # TensorRT-LLM's SamplingParams default
 OUTPUT_TYPES = {
@@ -61,22 +63,36 @@ class TritonResponder:
         return self.sender.is_cancelled()
 
 
-def scalar(request, name: str, default=None):
+def values(request, name: str):
+    """The input's elements as a flat numpy array, or None when the request does not carry it."""
     tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
+    return None if tensor is None else tensor.as_numpy().reshape(-1)
+
+
+def decoded(name: str, value):
+    """A string element as text: bytes must be UTF-8 (one line naming the input and the byte otherwise)."""
+    if not isinstance(value, bytes):
+        return str(value)
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DFlashError(f"'{name}' is not UTF-8 text: byte 0x{value[exc.start]:02x} at offset {exc.start}") from None
+
+
+def scalar(request, name: str, default=None):
+    """A one-element input; more than one element is refused (never silently truncated)."""
+    items = values(request, name)
+    if items is None or items.size == 0:
         return default
-    values = tensor.as_numpy().reshape(-1)
-    if values.size == 0:
-        return default
-    value = values[0]
-    return value.decode("utf-8") if isinstance(value, bytes) else value.item()
+    if items.size > 1:
+        raise DFlashError(f"'{name}' takes one value per request, got {items.size}")
+    value = items[0]
+    return decoded(name, value) if isinstance(value, (bytes, str)) else value.item()
 
 
 def strings(request, name: str) -> tuple[str, ...]:
-    tensor = pb_utils.get_input_tensor_by_name(request, name)
-    if tensor is None:
-        return ()
-    return tuple(v.decode("utf-8") if isinstance(v, bytes) else str(v) for v in tensor.as_numpy().reshape(-1))
+    items = values(request, name)
+    return () if items is None else tuple(decoded(name, v) for v in items)
 
 
 class TritonPythonModel:
@@ -91,7 +107,7 @@ class TritonPythonModel:
         self.metrics = self.make_metrics(generator.block - 1)
         self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
                                 int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics,
-                                self.metrics["draft_length"].observe)
+                                self.metrics["draft_length"].observe, os.environ.get(STOP_FILE_ENV))
         self.loop.start()
 
     def load(self, engine_dir: str, tp: int, decoding: str):
@@ -142,6 +158,8 @@ class TritonPythonModel:
                 self.loop.submit(self.parse(request, responder))
             except DFlashError as exc:
                 self.loop.reject(responder, str(exc))
+            except Exception as exc:  # a bad request must get one line, never a traceback, and the server stays
+                self.loop.reject(responder, f"bad request: {type(exc).__name__}: {exc}")
         return None
 
     def parse(self, request, responder) -> ServeRequest:

@@ -1,0 +1,58 @@
+"""A clean stop of a tritonserver serving torch engines: nothing in flight is left hanging.
+
+Triton unloads a model (and runs its `finalize`) only once the model's requests are over, and on
+SIGTERM it waits for them up to its exit timeout: a stream in flight would hold the server for that
+long and then see it exit 1. So the stop runs in this order:
+1. create the stop file (its path is in the server's environment, STOP_FILE_ENV): the serving loop
+   ends every request in flight or queued with a final `server shutting down` response and refuses
+   new ones;
+2. unload every model through the repository API (explicit model control): `finalize` runs, which
+   stops the loop's thread, tensor-parallel workers and their process group;
+3. SIGTERM: with nothing in flight, Triton exits at once (idle keep-alive connections are closed
+   after EXIT_TIMEOUT_S).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+STOP_FILE_ENV = "DFLASH_STOP_FILE"
+EXIT_TIMEOUT_S = 3  # tritonserver --exit-timeout-secs: only idle connections can be left to wait for
+
+
+def request_json(url: str, body: dict | None = None, timeout: float = 5.0):
+    data = None if body is None else json.dumps(body).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, data, method="POST"), timeout=timeout) as r:
+        raw = r.read()
+    return json.loads(raw) if raw else None
+
+
+def loaded_models(http_url: str) -> list[str]:
+    """Names of the models the server has READY (repository index)."""
+    index = request_json(f"{http_url}/v2/repository/index", {"ready": True}) or []
+    return [m["name"] for m in index if m.get("state", "READY") == "READY"]
+
+
+def unload_all(http_url: str, timeout: float) -> bool:
+    """Ask the server to unload every model; -> True once none is loaded (within `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    try:
+        for name in loaded_models(http_url):
+            request_json(f"{http_url}/v2/repository/models/{name}/unload", {})
+        while time.monotonic() < deadline:
+            if not loaded_models(http_url):
+                return True
+            time.sleep(0.1)
+    except (OSError, ValueError, urllib.error.HTTPError):  # the server is already going away
+        return False
+    return False
+
+
+def begin_drain(stop_file: Path) -> None:
+    """Tell every serving loop of this server to end its requests (step 1 above)."""
+    stop_file.parent.mkdir(parents=True, exist_ok=True)
+    stop_file.touch()
