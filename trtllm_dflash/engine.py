@@ -26,6 +26,7 @@ from .generator import Generator
 from .loading import DTYPES, LoadedDrafter, LoadedTarget, drafter_from_tensors, target_from_tensors
 from .parallel import Parallel
 from .pipeline import Pipeline, check_device
+from .rendezvous import join_local_group
 from .request import Request, Result
 from .speculative import AutoregressiveProposer, DFlashProposer
 
@@ -138,8 +139,7 @@ def _collect(results, procs) -> list[Result]:
 def _rank_main(rank, world, port, engine_dir, requests, block_size, device, draft_len, results) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        dist.init_process_group("nccl" if device.startswith("cuda") else "gloo", rank=rank, world_size=world,
-                                init_method=f"tcp://127.0.0.1:{port}")
+        join_local_group("nccl" if device.startswith("cuda") else "gloo", rank, world, port)
         out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, draft_len)
         if rank == 0:
             results.put(("ok", out))

@@ -8,12 +8,13 @@ import torch
 import torch.distributed as dist
 
 from ..engine import load_engine
+from ..rendezvous import join_local_group
 from .lockstep import follow
 
 
 def main(engine_dir: str, rank: int, world: int, port: int, decoding: str) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, init_method=f"tcp://127.0.0.1:{port}")
+    join_local_group("gloo", rank, world, port)
     try:
         follow(load_engine(engine_dir, rank, decoding=decoding).generator)
     finally:

@@ -119,14 +119,13 @@ class TritonPythonModel:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             pipeline = load_engine(engine_dir, device=device, decoding=decoding)
             return pipeline.generator, pipeline.tokenizer
-        import torch.distributed as dist
-
-        from ..engine import free_port
+        from ..rendezvous import join_local_group, listen_loopback
         from .lockstep import LockstepGenerator, spawn_workers
 
-        port = free_port()
+        listener = listen_loopback()  # bound before the workers start: they connect to its port
+        port = listener.getsockname()[1]
         self.workers = spawn_workers(engine_dir, tp, port, decoding)
-        dist.init_process_group("gloo", rank=0, world_size=tp, init_method=f"tcp://127.0.0.1:{port}")
+        join_local_group("gloo", 0, tp, port, listener)
         pipeline = load_engine(engine_dir, rank=0, decoding=decoding)
         g = pipeline.generator
         return LockstepGenerator(g.target, g.proposer, g.default_stop_ids), pipeline.tokenizer
