@@ -9,7 +9,7 @@ import torch
 
 from safetensors.torch import load_file
 
-from tiny_models import VOCAB, add_tokenizer, hf_generate, make_hf_hybrid, write_drafter
+from tiny_models import MOE_FIELDS, VOCAB, add_tokenizer, hf_generate, make_hf_hybrid, write_drafter
 from trtllm_dflash.builder.builder import build_engine
 from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.config import TargetConfig
@@ -246,23 +246,27 @@ def test_sampled_output_follows_the_hybrid_targets_distribution(tmp_path):
     assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}"
 
 
-def test_qwen3_next_dense_variant(tmp_path):
-    """Qwen3-Next: the same layers behind fused in_proj_qkvz / in_proj_ba (regrouped at load) and plain
-    RoPE; its mixture-of-experts variant is refused with a clear message until MoE layers exist."""
+def qwen3_next(path, **fields):
     from transformers import AutoModelForCausalLM, Qwen3NextConfig
 
-    from tiny_models import hybrid_text_config
+    from tiny_models import hybrid_text_config, randomize
 
     torch.manual_seed(6)
-    hf = AutoModelForCausalLM.from_config(Qwen3NextConfig(**hybrid_text_config(), num_experts=0),
+    hf = AutoModelForCausalLM.from_config(Qwen3NextConfig(**hybrid_text_config(), **fields),
                                           attn_implementation="eager").eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if p.dim() == 2:
-                p.normal_(0, 0.2)
-            elif "norm" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    hf.save_pretrained(tmp_path / "next")
+    randomize(hf)
+    hf.save_pretrained(path)
+    return hf
+
+
+@pytest.mark.parametrize("fields", [dict(num_experts=0), dict(MOE_FIELDS, mlp_only_layers=[1])],
+                         ids=["dense", "moe"])
+def test_qwen3_next(tmp_path, fields):
+    """Qwen3-Next: the same layers behind fused in_proj_qkvz / in_proj_ba (regrouped at load) and plain
+    RoPE; dense, or experts with a gated shared expert in every layer but mlp_only_layers (here layer 1)."""
+    hf = qwen3_next(tmp_path / "next", **fields)
+    cfg = TargetConfig.from_dict(json.loads((tmp_path / "next" / "config.json").read_text()), "c")
+    assert (cfg.moe is None) if not fields.get("num_experts") else cfg.moe.layers == (0, 2, 3)
     target = load_target(tmp_path / "next").model
     ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
     logits, _ = run(target, target.new_cache(1, 32), ids, torch.zeros(1, dtype=torch.long), torch.tensor([0]),
@@ -273,6 +277,52 @@ def test_qwen3_next_dense_variant(tmp_path):
     gen = load_pipeline(tmp_path / "next", drafter).generator
     result = gen.generate([Request(tuple(PROMPTS[0]), NEW, ignore_eos=True)])
     assert result[0].output_ids == hf_generate(hf, PROMPTS[0], NEW)
-    moe = json.loads((tmp_path / "next" / "config.json").read_text()) | {"num_experts": 8}
-    with pytest.raises(DFlashError, match="qwen3_next mixture-of-experts layers are not supported yet"):
-        TargetConfig.from_dict(moe, "cfg")
+
+
+@pytest.fixture(scope="module", params=["text", "multimodal"])
+def hybrid_moe(request, tmp_path_factory):
+    """Qwen3.5-MoE (Qwen3_5MoeForCausalLM / ...ForConditionalGeneration): its greedy continuations of PROMPTS."""
+    path = tmp_path_factory.mktemp("hybrid-moe") / request.param
+    hf = make_hf_hybrid(path, request.param, seed=5, moe=True)
+    add_tokenizer(path)
+    return hf, path, [hf_generate(hf, p, NEW) for p in PROMPTS]
+
+
+def test_moe_config_is_transformers(hybrid_moe):
+    """Experts in every layer, routing renormalised (Qwen3_5MoeTopKRouter always does), a gated shared expert."""
+    hf, path, _ = hybrid_moe
+    cfg = TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c").moe
+    assert (cfg.num_experts, cfg.top_k, cfg.intermediate_size, cfg.shared_expert_intermediate_size) == (4, 2, 16, 24)
+    assert cfg.norm_topk_prob and cfg.shared_expert_gate and cfg.layers == (0, 1, 2, 3)
+
+
+def test_moe_greedy_equals_transformers_generate(hybrid_moe, tmp_path):
+    """Plain and DFlash decoding of Qwen3.5-MoE, 48 tokens, three prompts in one batch."""
+    _, path, expected = hybrid_moe
+    requests = [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS]
+    for drafter in (None, write_drafter(tmp_path / "drafter", seed=2)):
+        results = load_pipeline(path, drafter).generator.generate(requests)
+        assert [r.output_ids for r in results] == expected
+
+
+@pytest.mark.parametrize("hybrid_moe", ["text"], indirect=True)
+def test_moe_batch_with_different_acceptance_in_one_step_stays_exact(hybrid_moe):
+    _, path, expected = hybrid_moe
+    proposer = ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)])
+    results = Generator(load_target(path).model, proposer).generate(
+        [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == expected
+    assert any(len(set(step)) == 3 for step in zip(*(r.acceptance_lengths for r in results)))
+
+
+@pytest.mark.parametrize("hybrid_moe", ["multimodal"], indirect=True)
+def test_moe_tp2_engine_is_exact(hybrid_moe, tmp_path):
+    """dflash-build torch engines of the multimodal Qwen3.5-MoE checkpoint at TP=1 and TP=2 (experts split
+    inside each expert, linear-attention heads split): greedy output as transformers."""
+    _, path, expected = hybrid_moe
+    drafter = write_drafter(tmp_path / "drafter", seed=2)
+    requests = [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS[:2]]
+    for tp in (1, 2):
+        engine = build_engine(BuildSpec(target=str(path), drafter=str(drafter), output=str(tmp_path / f"tp{tp}"),
+                                        tp=tp, dtype="float32"), "test")
+        assert [r.output_ids for r in generate_with_engine(engine, requests)] == expected[:2]

@@ -124,30 +124,39 @@ def hybrid_text_config(**overrides) -> dict:
     return text
 
 
-def make_hf_hybrid(path: Path, layout: str = "text", seed: int = 0, **overrides):
+MOE_FIELDS = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=24)
+
+
+def make_hf_hybrid(path: Path, layout: str = "text", seed: int = 0, moe: bool = False, **overrides):
     """Save a random transformers Qwen3.5 model (the oracle) and return it in eval mode, float32.
     layout "text": Qwen3_5ForCausalLM; "multimodal": Qwen3_5ForConditionalGeneration (a vision tower
-    beside the language model under model.language_model.*)."""
-    from transformers import (AutoModelForCausalLM, Qwen3_5Config, Qwen3_5ForConditionalGeneration,
-                              Qwen3_5TextConfig)
+    beside the language model under model.language_model.*). moe: the Qwen3.5-MoE classes (experts and a
+    gated shared expert in every layer)."""
+    import transformers as tf
 
     torch.manual_seed(seed)
-    text = hybrid_text_config(**overrides)
+    text = hybrid_text_config(**({**MOE_FIELDS, **overrides} if moe else overrides))
+    name = "Qwen3_5Moe" if moe else "Qwen3_5"
     if layout == "multimodal":
         vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
                       num_position_embeddings=16)
-        model = Qwen3_5ForConditionalGeneration(Qwen3_5Config(text_config=text, vision_config=vision,
-                                                              tie_word_embeddings=False))
+        config = getattr(tf, f"{name}Config")(text_config=text, vision_config=vision, tie_word_embeddings=False)
+        model = getattr(tf, f"{name}ForConditionalGeneration")(config)
     else:
-        model = AutoModelForCausalLM.from_config(Qwen3_5TextConfig(**text), attn_implementation="eager")
-    with torch.no_grad():  # larger weights than the default init; norms and gates off their neutral values
+        model = tf.AutoModelForCausalLM.from_config(getattr(tf, f"{name}TextConfig")(**text), attn_implementation="eager")
+    randomize(model)
+    model.eval().save_pretrained(path)
+    return model
+
+
+def randomize(model) -> None:
+    """Larger weights than the default init (experts' stacked ones too); norms and gates off their neutral values."""
+    with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() == 2:
+            if p.dim() in (2, 3):
                 p.normal_(0, 0.2)
             elif "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
-    model.eval().save_pretrained(path)
-    return model
 
 
 @torch.no_grad()

@@ -17,9 +17,9 @@ from .moe_config import MoeConfig, moe_config
 
 # Hybrid families: Gated DeltaNet layers beside gated full attention (transformers 5.23,
 # models/qwen3_next/modeling_qwen3_next.py and models/qwen3_5/modular_qwen3_5.py).
-HYBRID_TARGETS = ("qwen3_5", "qwen3_5_text", "qwen3_next")
+HYBRID_TARGETS = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 # Published multimodal checkpoints nest the language model's fields under `text_config`.
-MULTIMODAL_TARGETS = ("qwen3_5",)
+MULTIMODAL_TARGETS = ("qwen3_5", "qwen3_5_moe")
 LAYER_KINDS = ("full_attention", "linear_attention")
 SUPPORTED_TARGETS = {name: family.architecture for name, family in FAMILIES.items()}
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
@@ -297,10 +297,6 @@ def hybrid_fields(data: dict[str, Any], source: str, model_type: str) -> dict[st
     head_dim = f.get("head_dim", int, f.get("hidden_size", int) // f.get("num_attention_heads", int))
     if int(head_dim * factor) % 2:
         raise DFlashError(f"{source}: head_dim {head_dim} x partial_rotary_factor {factor} must be even")
-    if model_type == "qwen3_next" and f.get("num_experts", int, 512) > 0 and \
-            len(data.get("mlp_only_layers") or []) < layers:
-        raise DFlashError(f"{source}: qwen3_next mixture-of-experts layers are not supported yet "
-                          "(only its dense variant: num_experts 0 or every layer in mlp_only_layers)")
     return dict(layer_types=tuple(kinds), partial_rotary_factor=factor, attn_output_gate=True, unit_offset_norms=True,
                 linear_attention=GatedDeltaNetConfig.from_dict(data, source, fused_qkvz=model_type == "qwen3_next"))
 

@@ -90,6 +90,9 @@ FAMILIES = {
     # Hybrid Gated DeltaNet families (config.py hybrid_fields reads their linear/full layer kinds).
     "qwen3_5": Family("Qwen3_5ForConditionalGeneration", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
     "qwen3_5_text": Family("Qwen3_5ForCausalLM", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
+    "qwen3_5_moe": Family("Qwen3_5MoeForConditionalGeneration", qk_norm=True, layout=_no_sliding,
+                          drafter_layout=_as_stored),
+    "qwen3_5_moe_text": Family("Qwen3_5MoeForCausalLM", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
     "qwen3_next": Family("Qwen3NextForCausalLM", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
 }
 # A drafter is Qwen3 layers built from the config class its model_type names (vLLM and SGLang load it

@@ -2,12 +2,13 @@
 
 One `MoeConfig` describes every MoE block of a model: how tokens are routed, what one expert
 computes, and which decoder layers have experts instead of a dense MLP. Field names and defaults
-follow transformers 5.23 (`GptOssConfig`, `Qwen3MoeConfig`).
+follow transformers 5.23 (`GptOssConfig`, `Qwen3MoeConfig`, `Qwen3_5MoeTextConfig`,
+`Qwen3NextConfig`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from .errors import DFlashError
@@ -96,14 +97,45 @@ def _qwen3_moe(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
     )
 
 
-def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str) -> int:
-    k = _int(data, source, *keys)
+def _qwen3_5_moe(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
+    # Qwen3_5MoeDecoderLayer: a Qwen3_5MoeSparseMoeBlock in every layer; its router always renormalises the
+    # kept probabilities (Qwen3_5MoeTopKRouter, no flag); a shared expert scaled by sigmoid(shared_expert_gate).
+    experts = _int(data, source, "num_experts", default=256)
+    return MoeConfig(
+        num_experts=experts,
+        top_k=_top_k(data, source, experts, "num_experts_per_tok", default=8),
+        intermediate_size=_int(data, source, "moe_intermediate_size", default=512),
+        norm_topk_prob=True,
+        shared_expert_intermediate_size=_int(data, source, "shared_expert_intermediate_size", default=512),
+        shared_expert_gate=True,
+        layers=tuple(range(layers)),
+    )
+
+
+def _qwen3_next(data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
+    # Qwen3NextDecoderLayer: Qwen3-MoE's layer rule (mlp_only_layers, decoder_sparse_step) when num_experts > 0,
+    # plus Qwen3NextSparseMoeBlock's gated shared expert; Qwen3NextConfig defaults (num_experts 512, top 10,
+    # moe_intermediate_size 512, shared 512, norm_topk_prob true). num_experts 0: the dense variant.
+    if data.get("num_experts", 512) == 0:
+        return None
+    data = {"num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512, "norm_topk_prob": True,
+            **data}
+    base = _qwen3_moe(data, source, layers)
+    if not base.layers:
+        return None
+    return replace(base, shared_expert_gate=True,
+                   shared_expert_intermediate_size=_int(data, source, "shared_expert_intermediate_size", default=512))
+
+
+def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str, default: Any = ...) -> int:
+    k = _int(data, source, *keys, default=default)
     if k > experts:
         raise DFlashError(f"{source}: field '{keys[0]}' {k} exceeds the number of experts {experts}")
     return k
 
 
-MOE_FAMILIES = {"gpt_oss": _gpt_oss, "qwen3_moe": _qwen3_moe}
+MOE_FAMILIES = {"gpt_oss": _gpt_oss, "qwen3_moe": _qwen3_moe, "qwen3_5_moe": _qwen3_5_moe,
+                "qwen3_5_moe_text": _qwen3_5_moe, "qwen3_next": _qwen3_next}
 
 
 def moe_config(model_type: str, data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
