@@ -153,7 +153,7 @@ def randomize(model) -> None:
     """Larger weights than the default init (experts' stacked ones too); norms and gates off their neutral values."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.dim() in (2, 3):
+            if p.dim() == 2 or "experts" in name:  # stacked experts [E, ...]; not the conv1d kernels
                 p.normal_(0, 0.2)
             elif "norm" in name:
                 p.add_(0.1 * torch.randn_like(p))
