@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import re
 import threading
 
 import pytest
@@ -55,10 +56,10 @@ class LoopbackServer:
 class FakeOpenAI(LoopbackServer):
     """Streams `max_tokens` x's, `per_chunk` a chunk (one token each with a byte tokenizer), like trtllm-serve."""
 
-    def __init__(self, ttft=0.05, gap=0.03, per_chunk=3, usage_extra=0, die_at=None, stall=False):
+    def __init__(self, ttft=0.05, gap=0.03, per_chunk=3, usage_extra=0, die_at=None, stall=False, reject=None):
         super().__init__()
         self.ttft, self.gap, self.per_chunk, self.usage_extra = ttft, gap, per_chunk, usage_extra
-        self.die_at, self.stall = die_at, stall
+        self.die_at, self.stall, self.reject = die_at, stall, reject  # reject: answer every request HTTP 400 this
 
     def routes(self, app):
         app.router.add_get("/v1/models", self.models)
@@ -84,6 +85,9 @@ class FakeOpenAI(LoopbackServer):
         self.auth = request.headers.get("Authorization")
         if body.get("model") != "tiny":
             return web.json_response({"error": {"message": f"model {body.get('model')} not found"}}, status=404)
+        if self.reject:  # a message that names the request's own numbers, as real servers' do
+            message = self.reject.format(length=len(body.get("prompt", "")))
+            return web.json_response({"error": {"message": message}}, status=400)
         if self.die_at and len(self.requests) == self.die_at:  # the server goes away mid-point
             asyncio.get_running_loop().call_later(0.02, lambda: asyncio.ensure_future(self.runner.cleanup()))
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -204,13 +208,35 @@ def test_stuck_requests_time_out_and_are_reported(tok_dir, tmp_path, capsys):
         code = main(["sweep", "--url", server.url, "--model", "tiny", "--api", "openai", "--concurrency", "2",
                      "--prompts-per-point", "2", "--warmup", "0", "--isl", "8", "--osl", "4", "--timeout", "0.3",
                      "--tokenizer", str(tok_dir), "--output", str(tmp_path / "run"), "--no-progress"])
-    assert code == 0  # the server is alive: the point completes with its failures counted
+    assert code == 1  # the server is alive and the point completes, but it measured nothing (issue 13, item 11)
     p = json.loads((tmp_path / "run" / "summary.json").read_text())["points"][0]
     assert (p["requests"], p["completed"], p["failed"], p["timed_out"]) == (2, 0, 2, 2)
     assert p["ttft_ms_median"] is None and p["total_throughput_per_gpu"] == 0
     rows = read_jsonl(tmp_path / "run" / "requests.jsonl")
     assert {r["error_kind"] for r in rows} == {"timeout"} and "stuck" in rows[0]["error"]
-    assert "2 of 2 requests failed (2 timed out)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "2 of 2 requests failed (2 timed out)" in err
+    assert err.strip().splitlines()[-1] == (
+        "dflash-bench: error: no request succeeded at point c2; most common error (2 of 2 requests): no complete "
+        f"answer after 0.3 s: stuck request, cancelled; results in {tmp_path / 'run'}")
+
+
+def test_a_sweep_whose_every_request_fails_exits_1_naming_the_dominant_error(tok_dir, tmp_path, capsys):
+    """Issue 13, item 11: a sweep of only failures used to exit 0."""
+    with FakeOpenAI(reject="prompt length {length} is too long") as server:
+        code = main(["sweep", "--url", server.url, "--model", "tiny", "--api", "openai", "--concurrency", "1,2",
+                     "--prompts-per-point", "3", "--warmup", "0", "--isl", "40", "--isl-range", "0.5", "--osl", "4",
+                     "--tokenizer", str(tok_dir), "--output", str(tmp_path / "run"), "--no-progress"])
+    assert code == 1
+    points = json.loads((tmp_path / "run" / "summary.json").read_text())["points"]
+    assert [(p["point"], p["completed"], p["top_error_count"]) for p in points] == [("c1", 0, 3), ("c2", 0, 3)]
+    rows = read_jsonl(tmp_path / "run" / "requests.jsonl")
+    assert len({r["error"] for r in rows}) > 1  # random prompt lengths: messages that differ in their numbers
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("dflash-bench: error: no request succeeded at point c1, c2; most common error (6 of 6 "
+                       f"requests): {rows[0]['error']}; results in {tmp_path / 'run'}")
+    assert re.fullmatch(r"HTTP 400: prompt length \d+ is too long", rows[0]["error"])
+    assert "Traceback" not in "\n".join(err)
 
 
 def test_server_dying_mid_point_keeps_partial_results(tok_dir, tmp_path, capsys):

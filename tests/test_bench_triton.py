@@ -146,10 +146,13 @@ def test_stuck_requests_time_out_and_free_their_slots(server, tmp_path, capsys, 
     argv = sweep_argv(server, tmp_path / "run", "--concurrency", "2", "--prompts-per-point", "2", "--warmup", "0",
                       "--timeout", "0.3", api=api)
     argv[argv.index("16")] = "400"
-    assert main(argv) == 0  # the server is alive: failures are counted, the sweep completes
+    assert main(argv) == 1  # the server is alive and the sweep completes, but the point measured nothing
     p = json.loads((tmp_path / "run" / "summary.json").read_text())["points"][0]
     assert (p["requests"], p["timed_out"], p["completed"]) == (2, 2, 0)
-    assert "2 of 2 requests failed (2 timed out)" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "2 of 2 requests failed (2 timed out)" in err
+    assert "dflash-bench: error: no request succeeded at point c2; most common error (2 of 2 requests): no " \
+           "complete answer after 0.3 s: stuck request, cancelled" in err
     deadline = time.monotonic() + 60
     while metrics(server)["dflash_running_requests"] and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -161,7 +164,11 @@ def test_rejected_requests_carry_the_servers_message(server, tmp_path, capsys, a
     argv = sweep_argv(server, tmp_path / "run", "--concurrency", "1", "--prompts-per-point", "2", "--warmup", "0",
                       api=api)
     argv[argv.index("16")] = "500"  # within max_tokens, but prompt + output exceed the sequence capacity
-    assert main(argv) == 0
+    assert main(argv) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    # prompts of different lengths: messages that differ only in their numbers count as one error
+    assert last.startswith("dflash-bench: error: no request succeeded at point c1; most common error (2 of 2 "
+                           "requests): ") and "exceeds this engine's sequence capacity" in last, last
     rows = [json.loads(line) for line in (tmp_path / "run" / "requests.jsonl").read_text().splitlines()]
     assert [r["error_kind"] for r in rows] == ["server", "server"]
     assert all("exceeds this engine's sequence capacity" in r["error"] and "data:" not in r["error"] for r in rows)

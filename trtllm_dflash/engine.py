@@ -73,6 +73,8 @@ def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_
     must choose alike: 'auto' (timed per rank) becomes the whole block there; N and schedules are kept."""
     check_device(device)
     manifest = read_torch_manifest(Path(engine_dir))
+    for r in requests:  # generate() sizes its cache per call: without this it would run past the built limit
+        r.check_length(manifest.limits["max_seq_len"], "this engine's max_seq_len")
     if manifest.tp_size > 1 and str(draft_len or AUTO) == AUTO:
         draft_len = manifest.block_size - 1
     if dist.is_available() and dist.is_initialized():  # under torchrun: this process is one rank

@@ -24,10 +24,14 @@ class Request:
             raise DFlashError(f"prompt token id {bad[0]} outside the vocabulary (vocab_size {vocab_size})")
         if self.max_new_tokens < 1:
             raise DFlashError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        self.check_length(max_positions, "the target's max_position_embeddings")
+
+    def check_length(self, limit: int, name: str) -> None:
+        """Prompt + output positions within `limit` (named in the message: whose limit it is)."""
         total = len(self.prompt_ids) + self.max_new_tokens
-        if total > max_positions:
+        if total > limit:
             raise DFlashError(f"prompt length {len(self.prompt_ids)} + max_new_tokens {self.max_new_tokens} = {total} "
-                              f"exceeds the target's max_position_embeddings {max_positions}")
+                              f"exceeds {name} {limit}")
 
 
 def pooled_tau(results: list[Result]) -> float:

@@ -12,6 +12,8 @@ TPOT(ms) (AIPerf's output_token_throughput_per_user is 1 / ITL per request), p99
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -64,6 +66,20 @@ def response_acceptance(records: Sequence[RequestRecord]) -> float | None:
     return sum(a for a, _ in pairs) / drafted if drafted else None
 
 
+def error_pattern(message: str) -> str:
+    """Messages that differ only in their numbers (a prompt length, a request id) are one kind of error."""
+    return re.sub(r"\d+(\.\d+)?", "#", message)
+
+
+def top_error(records: Sequence[RequestRecord]) -> dict[str, Any]:
+    """The most common error of the point (its first message) and how many requests failed with it."""
+    failed = [r.error for r in records if not r.ok]
+    if not failed:
+        return {"top_error": None, "top_error_count": 0}
+    kind, count = Counter(map(error_pattern, failed)).most_common(1)[0]
+    return {"top_error": next(m for m in failed if error_pattern(m) == kind), "top_error_count": count}
+
+
 def summarize_point(point: LoadPoint, records: Sequence[RequestRecord], num_gpus: int,
                     counter_delta: dict[str, float] | None) -> dict[str, Any]:
     done = [r for r in records if r.ok]
@@ -80,6 +96,7 @@ def summarize_point(point: LoadPoint, records: Sequence[RequestRecord], num_gpus
         **latency_stats("e2e", [r.e2e for r in done]),
         **latency_stats("inter_chunk_latency", [g for r in done for g in r.inter_chunk_latencies]),
         "tokens_per_chunk": _ratio(sum(r.osl or 0 for r in done), sum(len(r.chunk_times) for r in done)),
+        **top_error(records),
     }
     summary["interactivity_median"] = _per_s(summary["tpot_ms_median"])
     summary["interactivity_p99"] = _per_s(summary["tpot_ms_p99"])

@@ -9,6 +9,7 @@ import hashlib
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 from . import counters
 from .clients import Client, ClientSettings, ConnectionLost, http_get, http_session, make_client
 from .load import LoadRunner, Phase
-from .metrics import summarize_point
+from .metrics import error_pattern, summarize_point
 from .monitor import ClientMonitor
 from .prompts import PromptSource, count_tokens, read_dataset
 from .results import RunWriter, library_versions
@@ -34,6 +35,22 @@ class SweepResult:
     status: str  # complete | aborted
     points: list[dict[str, Any]] = field(default_factory=list)
     error: str | None = None
+
+    def empty_points(self) -> list[dict[str, Any]]:
+        """Points at which no request succeeded: they measured nothing."""
+        return [p for p in self.points if not p["completed"]]
+
+
+def dominant_error(points: list[dict[str, Any]]) -> tuple[str, int, int]:
+    """-> (the most common error message over `points`, requests that failed with it, requests in all)."""
+    counts, example = Counter(), {}
+    for p in points:
+        if p["top_error"] is not None:
+            kind = error_pattern(p["top_error"])
+            counts[kind] += p["top_error_count"]
+            example.setdefault(kind, p["top_error"])
+    kind, count = counts.most_common(1)[0] if counts else (None, 0)
+    return example.get(kind, "no request was sent"), count, sum(p["requests"] for p in points)
 
 
 def stderr(message: str) -> None:

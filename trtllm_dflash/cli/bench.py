@@ -1,7 +1,8 @@
 """dflash-bench: `sweep` a served model over load points, `report` runs as frontiers and tables.
 
-Exit status: 0 done; 1 the sweep was cut short (the server died; partial results are kept);
-2 bad input (one line on stderr); 130 interrupted.
+Exit status: 0 done; 1 the sweep was cut short (the server died; partial results are kept), or a
+point had no successful request (the most common error is printed; results are kept); 2 bad input
+(one line on stderr); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -79,13 +80,19 @@ def parser() -> argparse.ArgumentParser:
 
 def run_sweep_command(args: argparse.Namespace, argv: list[str]) -> int:
     from ..bench.spec import SweepSpec
-    from ..bench.sweep import run_sweep
+    from ..bench.sweep import dominant_error, run_sweep
 
     flags = {k: v for k, v in vars(args).items() if k not in ("command", "preset", "no_progress")}
     spec = SweepSpec.from_sources(args.preset, flags)
     result = run_sweep(spec, shlex.join([PROG, *argv]), progress=not args.no_progress)
     if result.status != "complete":
         print(f"{PROG}: error: sweep cut short: {result.error}; partial results in {result.run_dir}", file=sys.stderr)
+        return 1
+    empty = result.empty_points()
+    if empty:
+        message, count, sent = dominant_error(empty)
+        print(f"{PROG}: error: no request succeeded at point {', '.join(p['point'] for p in empty)}; most common "
+              f"error ({count} of {sent} requests): {message}; results in {result.run_dir}", file=sys.stderr)
         return 1
     print(f"results: {result.run_dir}")
     return 0
