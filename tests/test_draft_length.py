@@ -12,8 +12,8 @@ import pytest
 
 from trtllm_dflash.draft_length.acceptance import AcceptanceModel, AcceptanceSettings
 from trtllm_dflash.draft_length.cost import CostModel, interpolate, monotone
-from trtllm_dflash.draft_length.policy import (BatchView, CostBasedDraftLen, FixedDraftLen, ProbeSettings,
-                                               ScheduledDraftLen)
+from trtllm_dflash.draft_length.policy import (PLAIN_ONLY_AFTER, BatchView, CostBasedDraftLen, FixedDraftLen,
+                                               ProbeSettings, ScheduledDraftLen)
 from trtllm_dflash.draft_len_schedule import DraftLenSchedule
 from trtllm_dflash.errors import DFlashError
 
@@ -171,6 +171,23 @@ def test_perfect_acceptance_and_flat_cost_give_the_whole_block():
     policy = prepared(linear_cost(plain=1.0, per_draft=0.001))
     feed(policy.acceptance, [0], 1.0, steps=50)
     assert policy.choose(view([0])) == K
+
+
+def test_admission_is_plain_only_where_no_draft_length_beats_a_plain_step():
+    """drafts_for: at batch 1 drafting pays (flat cost); at batch 16, where every draft costs per row, the
+    optimistic estimate still loses to plain steps, so newcomers skip the drafter's context."""
+    cost = linear_cost(plain=1.0, per_draft=0.002, per_batch=0.0, draft_overhead=0.05)
+    steep = linear_cost(plain=1.0, per_draft=0.2, draft_overhead=0.5)
+    for model, slots, want in ((cost, [0], True), (steep, list(range(16)), False)):
+        policy = CostBasedDraftLen(model, acceptance=AcceptanceSettings(prior=0.5, prior_weight=1e9))
+        policy.prepare(type("G", (), {"slots": type("S", (), {"starts": [0] * 16}), "block": K + 1})())
+        for _ in range(PLAIN_ONLY_AFTER - 1):
+            policy.choose(view(slots))
+        assert policy.drafts_for(view(slots)) is True  # one plain-best step short of the streak
+        policy.choose(view(slots))
+        assert policy.drafts_for(view(slots)) is want
+    calibrating = CostBasedDraftLen(calibrator=lambda g: cost)  # not prepared yet: no estimate to act on
+    assert calibrating.drafts_for(view([0])) is True
 
 
 @pytest.mark.parametrize("alpha, per_draft, overhead", [(0.8, 0.05, 0.1), (0.6, 0.02, 0.2), (0.9, 0.2, 0.0),

@@ -190,3 +190,73 @@ def test_generate_with_a_fixed_draft_length_or_a_schedule(tiny_engine, tmp_path)
                                      "file; got 'often'")):
         bad = cli("generate", *args, "--draft-len", value)
         assert bad.returncode == 2 and bad.stderr.strip() == f"dflash-generate: error: {message}"
+
+
+class PlainOnlyFor(Scripted):
+    """Scripted draft lengths; requests admitted while `plain_admissions` lasts are admitted plain-only."""
+
+    def __init__(self, lengths, plain_admissions: int):
+        super().__init__(lengths)
+        self.plain_admissions = plain_admissions
+
+    def drafts_for(self, batch):
+        self.plain_admissions -= 1
+        return self.plain_admissions < 0
+
+
+class CountingWrites:
+    """Wraps a proposer: which slots the drafter's context K/V were written or deferred for."""
+
+    def __init__(self, proposer):
+        self.inner, self.slots = proposer, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def commit(self, slots, features, positions):
+        self.slots += slots.tolist()
+        self.inner.commit(slots, features, positions)
+
+    def defer(self, slots, features, positions):
+        self.slots += slots.tolist()
+        self.inner.defer(slots, features, positions)
+
+
+def test_plain_only_admission_skips_the_drafter_and_stays_exact(pair, prompts):
+    """A request admitted plain-only (the policy's drafts_for said no) gets no drafter context K/V and forces
+    plain steps while it runs; a drafting request beside it keeps its context, so once the plain-only one
+    has finished it drafts again with the acceptance it has alone; outputs are the target's."""
+    from transformers import AutoModelForCausalLM
+
+    oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+    prompt_a, prompt_b = prompts[0][:20], prompts[1][:14]
+    alone = load_pipeline(*pair).generator
+    alone.policy = Scripted([15])
+    reference = alone.generate([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
+
+    gen = load_pipeline(*pair).generator
+    gen.proposer = writes = CountingWrites(gen.proposer)
+    gen.policy = PlainOnlyFor([15], plain_admissions=0)
+    gen.allocate(2, 96, gen.block)
+    a = gen.admit([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
+    while len(a.result.output_ids) < 10:
+        gen.step()
+    gen.policy.plain_admissions = 1  # the next admission is plain-only
+    b = gen.admit([Request(tuple(prompt_b), 12, ignore_eos=True)])[0]
+    assert a.drafting and not b.drafting
+    while gen.slots.running:
+        gen.step()
+    assert b.slot not in writes.slots  # no drafter work for the plain-only request
+    assert a.result.output_ids == reference.output_ids == hf_greedy(oracle, prompt_a, 48)
+    assert b.result.output_ids == hf_greedy(oracle, prompt_b, 12)
+    assert set(b.result.draft_lengths) == {0}  # every step while b ran was plain ...
+    steps_a = a.result.draft_lengths
+    first_plain = steps_a.index(0)
+    together = len(b.result.draft_lengths)
+    assert steps_a[first_plain:first_plain + together] == [0] * together and together > 1
+    assert set(steps_a[first_plain + together:]) == {15}  # ... and a drafts again afterwards
+    # with its whole context: the same acceptance as a alone with the same draft lengths
+    alone.policy = Scripted(steps_a)
+    again = alone.generate([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
+    assert again.draft_lengths == steps_a and again.acceptance_lengths == a.result.acceptance_lengths
+    assert max(a.result.acceptance_lengths[first_plain + together:]) > 1

@@ -39,6 +39,7 @@ class Sequence:
     tag: object = None  # the caller's handle (a server's response sender)
     done: bool = False
     start: int = 0  # committed length on the host: the anchor's position
+    drafting: bool = True  # the drafter keeps this request's context; False: plain-only (see Generator.admit)
 
 
 @dataclass
@@ -105,8 +106,11 @@ class Generator:
                               f"exceeds this engine's sequence capacity {self.capacity - self.block - 1}")
 
     @torch.inference_mode()
-    def admit(self, requests: list[Request], tags: list | None = None) -> list[Sequence]:
-        """Prefill new requests into free slots (one batched pass); they decode from the next step."""
+    def admit(self, requests: list[Request], tags: list | None = None, drafting: bool | None = None) -> list[Sequence]:
+        """Prefill new requests into free slots (one batched pass); they decode from the next step.
+
+        drafting: whether the drafter keeps their context (None: the policy's `drafts_for` decides). Plain-only
+        requests skip the drafter's context K/V, and while one runs every step is plain (draft length 0)."""
         for r in requests:
             self.validate(r)
         free = self.slots.free()
@@ -114,15 +118,32 @@ class Generator:
             raise DFlashError(f"{len(requests)} requests but only {len(free)} free slots")
         start = time.perf_counter()
         slots = free[: len(requests)]
-        sequences = [self.new_sequence(r, s, start, tag) for r, s, tag in zip(requests, slots, tags or [None] * len(requests))]
-        first = self.prefill(sequences)
+        if drafting is None:
+            drafting = self.decide_drafting(requests)
         self.policy.admit(slots)
+        sequences = [self.new_sequence(r, s, start, tag) for r, s, tag in zip(requests, slots, tags or [None] * len(requests))]
+        for seq in sequences:
+            seq.drafting = drafting
+        first = self.prefill(sequences)
         now = time.perf_counter()
         for seq, token in zip(sequences, first.tolist()):
             self.slots.running[seq.slot] = seq
             seq.result.first_token_s = now
             self.emit(seq, [token], now)
         return sequences
+
+    def decide_drafting(self, requests: list[Request]) -> bool:
+        """The policy's view of the batch these requests would join (their slots' acceptance reset first)."""
+        if self.block == 1:
+            return True
+        running = list(self.slots.running.values())
+        slots = [s.slot for s in running] + self.slots.free()[: len(requests)]
+        self.policy.admit(slots[len(running):])
+        starts = [s.start for s in running] + [len(r.prompt_ids) for r in requests]
+        remaining = [s.request.max_new_tokens - len(s.result.output_ids) for s in running]
+        view = BatchView(slots, max(starts), remaining + [r.max_new_tokens for r in requests], self.block - 1,
+                         rows=max(slots) + 1)
+        return self.policy.drafts_for(view)
 
     def new_sequence(self, request: Request, slot: int, start: float, tag) -> Sequence:
         stops = request.stop_ids if request.stop_ids is not None else self.default_stop_ids
@@ -146,7 +167,8 @@ class Generator:
         last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
         self.slots.steps[slots] = 0
         first = self.first_tokens(self.target.logits(last[:, None]), self.sampling(sequences, self.slots.steps[slots]))
-        self.proposer.commit(slots, features, positions)
+        if sequences[0].drafting:  # one decision per admitted batch
+            self.proposer.commit(slots, features, positions)
         self.slots.starts[slots] = lengths
         self.slots.anchors[slots] = first
         self.slots.active[slots] = True
@@ -174,7 +196,10 @@ class Generator:
                          rows=max(slots) + 1)
 
     def draft_len(self, running: list[Sequence]) -> int:
-        """The policy's draft length for the next step of `running` (0..block - 1)."""
+        """The policy's draft length for the next step of `running` (0..block - 1); 0 while a plain-only
+        request runs (the drafter has no context for it)."""
+        if not all(s.drafting for s in running):
+            return 0
         return max(0, min(self.policy.choose(self.batch_view(running)), self.block - 1))
 
     @torch.inference_mode()
@@ -206,7 +231,10 @@ class Generator:
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling)
         if commit is None:
             self.target.commit(self.cache, ctx.slots, num_accepted + 1, tokens.shape[1])
-        (self.proposer.commit if k > 0 else self.proposer.defer)(ctx.slots, features, positions)
+        if k > 0:
+            self.proposer.commit(ctx.slots, features, positions)
+        else:
+            self.defer_drafting_rows(rows, ctx.slots, features, positions)
         self.slots.starts[:n] = starts + torch.where(self.slots.active[:n], num_accepted + 1, 0)
         self.slots.anchors[:n] = bonus
         self.slots.steps[:n] += 1
@@ -223,6 +251,16 @@ class Generator:
             seq.result.draft_lengths.append(k)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
+
+    def defer_drafting_rows(self, rows: list[Sequence | None], slots, features, positions) -> None:
+        """A plain step's drafter context for the rows that keep one (all rows, junk ones too, when no
+        plain-only request runs: no gather then)."""
+        if all(seq is None or seq.drafting for seq in rows):
+            return self.proposer.defer(slots, features, positions)
+        keep = [row for row, seq in enumerate(rows) if seq is not None and seq.drafting]
+        if keep:
+            index = torch.tensor(keep, device=self.device)
+            self.proposer.defer(slots[index], features[index], positions[index])
 
     def hold(self, sequences: list[Sequence], length: int) -> None:
         """Pin sequences at committed length `length` with no output yet. For calibration: a step then

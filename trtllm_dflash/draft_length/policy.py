@@ -56,6 +56,11 @@ class DraftLenPolicy(ABC):
     def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
         """The step ran with `draft_len` drafts per row; row i (slot slots[i]) had accepted[i] accepted."""
 
+    def drafts_for(self, batch: BatchView) -> bool:
+        """Whether requests joining a running batch like `batch` (them included) should keep the drafter's
+        context; False admits them plain-only: no drafter work for them, and no drafting while they run."""
+        return True
+
     def describe(self) -> dict:
         return {"policy": self.name}
 
@@ -86,6 +91,9 @@ class ScheduledDraftLen(DraftLenPolicy):
         return {"policy": self.name, "schedule": self.schedule.as_option()}
 
 
+PLAIN_ONLY_AFTER = 16  # plain-best steps in a row before newcomers are admitted plain-only
+
+
 @dataclass(frozen=True)
 class ProbeSettings:
     """After `first` plain steps in a row a drafting step is tried; each probe that does not make
@@ -107,6 +115,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.acceptance: AcceptanceModel | None = None
         self.plain_run, self.wait = 0, probe.first
         self.last_rates: np.ndarray | None = None  # expected tokens/s per k at the last choice
+        self.plain_streak = 0  # steps in a row whose best draft length was 0 (probes do not break it)
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = len(generator.slots.starts), generator.block - 1
@@ -131,6 +140,7 @@ class CostBasedDraftLen(DraftLenPolicy):
     def choose(self, batch: BatchView) -> int:
         rates = self.last_rates = self.expected_rates(batch)
         best = int(np.argmax(rates))  # the first maximum: ties go to the shorter draft
+        self.plain_streak = 0 if best > 0 else self.plain_streak + 1
         if best > 0 or len(rates) == 1 or max(batch.remaining) < 2:
             self.plain_run, self.wait = 0, self.probe.first
             return best
@@ -143,6 +153,15 @@ class CostBasedDraftLen(DraftLenPolicy):
     def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
         if self.acceptance is not None:
             self.acceptance.observe(slots, draft_len, accepted)
+
+    def drafts_for(self, batch: BatchView) -> bool:
+        """Plain-only when plain steps have been best for PLAIN_ONLY_AFTER steps in a row and, with the
+        newcomers, even the optimistic acceptance estimate makes every draft length lose to a plain step:
+        the drafter's context K/V (their prefill costs ~20 % of a long prompt's) would be computed for
+        drafts that will not run. The streak keeps a batch that alternates plain and drafting steps drafting."""
+        if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
+            return True
+        return self.plain_streak < PLAIN_ONLY_AFTER or int(np.argmax(self.expected_rates(batch))) > 0
 
     def describe(self) -> dict:
         meta = self.cost.meta if self.cost else {}

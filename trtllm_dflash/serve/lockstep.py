@@ -33,12 +33,14 @@ class LockstepGenerator(Generator):
         broadcast(("allocate", (num_slots, capacity, block)))
         super().allocate(num_slots, capacity, block)
 
-    def admit(self, requests: list[Request], tags: list | None = None) -> list[Sequence]:
+    def admit(self, requests: list[Request], tags: list | None = None, drafting: bool | None = None) -> list[Sequence]:
         for r in requests:
             self.validate(r)  # before broadcasting: a rejected batch must not reach the workers
         requests = [with_seed(r) for r in requests]
-        broadcast(("admit", (requests,)))
-        return super().admit(requests, tags)
+        if drafting is None:  # decided here, by rank 0's policy, and sent: every rank keeps the same context
+            drafting = self.decide_drafting(requests)
+        broadcast(("admit", (requests, None, drafting)))
+        return super().admit(requests, tags, drafting)
 
     def step(self, draft_len: int | None = None) -> list[Sequence]:
         running = list(self.slots.running.values())
