@@ -102,7 +102,7 @@ def prompt_sets(tokenizer, quick: bool) -> dict[str, list[str]]:
     return sets
 
 
-def serve(engine: Path, root: Path, decoding: str, draft_len: str):
+def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int):
     from trtllm_dflash.engine import free_port
     from trtllm_dflash.serve.locate import find_tritonserver
     from trtllm_dflash.serve.repository import ServeSettings, write_repository
@@ -110,7 +110,7 @@ def serve(engine: Path, root: Path, decoding: str, draft_len: str):
 
     repo = root / f"repo-{decoding}"
     write_repository(engine, repo, ServeSettings("m", decoding=decoding, draft_len=draft_len if decoding == "dflash"
-                                                 else "auto"))
+                                                 else "auto", threads=threads))
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     log = open(root / f"server-{decoding}.log", "a")
     proc = start_server(find_tritonserver(root / "triton"), repo, ends, log)
@@ -121,7 +121,7 @@ def serve(engine: Path, root: Path, decoding: str, draft_len: str):
 def one_server(engine, root, decoding, args, prompts) -> list[dict]:
     from trtllm_dflash.serve.server import stop_server
 
-    proc, ends = serve(engine, root, decoding, args.draft_len)
+    proc, ends = serve(engine, root, decoding, args.draft_len, args.threads)
     url, metrics = f"{ends.http_url}/v2/models/m/generate", ends.metrics_url
     try:
         post(url, {"text_input": prompts["short"][0], "sampling_param_max_tokens": 8})  # warm-up
@@ -159,7 +159,7 @@ def summarize(rows: list[dict], repeats: int) -> list[dict]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of the servers (OMP_NUM_THREADS)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of the servers (dflash-serve --threads)")
     p.add_argument("--draft-len", default="auto", help="the DFlash server's --draft-len")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--requests-per-slot", type=int, default=2, help="requests per point = this x concurrency (>= 4)")

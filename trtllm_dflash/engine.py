@@ -29,6 +29,7 @@ from .pipeline import Pipeline, check_device
 from .rendezvous import join_local_group
 from .request import Request, Result
 from .speculative import AutoregressiveProposer, DFlashProposer
+from .threads import set_threads
 
 DECODINGS = ("dflash", "plain")  # plain: the target alone, autoregressive (the baseline)
 
@@ -60,17 +61,23 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
     stops = stop_token_ids(t_dir, t_cfg.eos_token_ids, tokenizer)
     loaded_target = LoadedTarget(target, t_cfg, t_dir, tokenizer, stops)
     if decoding == "plain":
-        return Pipeline(Generator(target, AutoregressiveProposer(), stops), loaded_target, None)
-    drafter = drafter_from_tensors(d_cfg, read_safetensors(d_dir / shard), d_dir / shard, tp, dtype, device)
-    proposer = DFlashProposer(drafter, target)
-    proposer.max_block_size = manifest.block_size  # the engine's block size is the limit
-    return Pipeline(Generator(target, proposer, stops), loaded_target, LoadedDrafter(drafter, d_cfg, d_dir))
+        pipeline = Pipeline(Generator(target, AutoregressiveProposer(), stops), loaded_target, None)
+    else:
+        drafter = drafter_from_tensors(d_cfg, read_safetensors(d_dir / shard), d_dir / shard, tp, dtype, device)
+        proposer = DFlashProposer(drafter, target)
+        proposer.max_block_size = manifest.block_size  # the engine's block size is the limit
+        pipeline = Pipeline(Generator(target, proposer, stops), loaded_target, LoadedDrafter(drafter, d_cfg, d_dir))
+    pipeline.warm_up()  # every rank alike: the first request pays no set-up (a served model's included)
+    return pipeline
 
 
 def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,
-                         device: str = "cpu", draft_len: str | int | None = AUTO) -> list[Result]:
+                         device: str = "cpu", draft_len: str | int | None = AUTO,
+                         threads: int | None = None) -> list[Result]:
     """draft_len: see draft_length/settings.py. Ranks of a TP > 1 engine run independently here, so they
-    must choose alike: 'auto' (timed per rank) becomes the whole block there; N and schedules are kept."""
+    must choose alike: 'auto' (timed per rank) becomes the whole block there; N and schedules are kept.
+    threads: torch threads of the ranks this spawns (None: threads.default_threads for tp_size ranks);
+    a rank in this process keeps the caller's setting."""
     check_device(device)
     manifest = read_torch_manifest(Path(engine_dir))
     for r in requests:  # generate() sizes its cache per call: without this it would run past the built limit
@@ -84,7 +91,7 @@ def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_
                         draft_len)
     if manifest.tp_size == 1:
         return run_rank(engine_dir, 0, device, requests, block_size, draft_len)
-    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device, draft_len)
+    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device, draft_len, threads)
 
 
 def run_rank(engine_dir, rank: int, device: str, requests: list[Request], block_size: int | None,
@@ -105,12 +112,12 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
 
 
-def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device, draft_len) -> list[Result]:
+def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device, draft_len, threads=None) -> list[Result]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(engine_dir), requests, block_size, device,
-                                                  draft_len, results), daemon=True) for r in range(world)]
+                                                  draft_len, threads, results), daemon=True) for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -138,8 +145,8 @@ def _collect(results, procs) -> list[Result]:
     return payload
 
 
-def _rank_main(rank, world, port, engine_dir, requests, block_size, device, draft_len, results) -> None:
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+def _rank_main(rank, world, port, engine_dir, requests, block_size, device, draft_len, threads, results) -> None:
+    set_threads(threads, world)
     try:
         join_local_group("nccl" if device.startswith("cuda") else "gloo", rank, world, port)
         out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, draft_len)

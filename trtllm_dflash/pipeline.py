@@ -7,10 +7,12 @@ from pathlib import Path
 
 import torch
 
+from .draft_length.policy import FixedDraftLen
 from .errors import DFlashError
 from .generator import Generator
 from .loading import LoadedDrafter, LoadedTarget, load_drafter, load_target
 from .pairing import validate_pair
+from .request import Request
 from .speculative import AutoregressiveProposer, DFlashProposer
 
 
@@ -24,6 +26,18 @@ class Pipeline:
     def tokenizer(self):
         return self.target.tokenizer
 
+    def warm_up(self) -> None:
+        """One tiny greedy generation through the real step path, so one-time costs are paid at load and not
+        in the first request's TTFT: the context_kv custom op imports torch._dynamo on its first call (about
+        1 s on CPU), and kernels initialise on their first pass. The whole block is drafted (the drafter runs);
+        every rank of a TP engine runs the same generation, so their collectives match."""
+        g = self.generator
+        policy, g.policy = g.policy, FixedDraftLen()
+        try:  # prompt 2 tokens, then prefill + one full drafting step (block + 1 tokens at most)
+            g.generate([Request((0, 0), g.block + 1, ignore_eos=True)])
+        finally:
+            g.policy = policy
+
 
 def load_pipeline(target: str | Path, drafter: str | Path | None = None, dtype: torch.dtype = torch.float32,
                   device: str = "cpu") -> Pipeline:
@@ -36,7 +50,9 @@ def load_pipeline(target: str | Path, drafter: str | Path | None = None, dtype: 
         validate_pair(loaded_target.config, loaded_drafter.config)
         proposer = DFlashProposer(loaded_drafter.model, loaded_target.model)
     generator = Generator(loaded_target.model, proposer, loaded_target.stop_ids)
-    return Pipeline(generator, loaded_target, loaded_drafter)
+    pipeline = Pipeline(generator, loaded_target, loaded_drafter)
+    pipeline.warm_up()
+    return pipeline
 
 
 def check_device(device: str) -> None:

@@ -12,16 +12,9 @@ import shlex
 import sys
 
 from ..errors import DFlashError
-from .common import run_cli
+from .common import Parser, run_cli
 
 PROG = "dflash-bench"
-
-
-class Parser(argparse.ArgumentParser):
-    """Usage errors as the one-line `dflash-bench: error: ...` every console script prints."""
-
-    def error(self, message: str):
-        raise DFlashError(message)
 
 
 def sweep_flags(p: argparse.ArgumentParser) -> None:

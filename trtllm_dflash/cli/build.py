@@ -114,9 +114,8 @@ def run_verify(argv: list[str]) -> int:
 
 
 def run_calibrate(argv: list[str]) -> int:
-    import torch
-
     from ..draft_length.settings import calibrate_engine
+    from ..threads import set_threads
 
     p = argparse.ArgumentParser(prog=f"{PROG} calibrate", description="Measure this machine's decode-step cost for a "
                                 "torch engine (batch x draft length x context) and cache it in ENGINE/calibration/, "
@@ -124,15 +123,13 @@ def run_calibrate(argv: list[str]) -> int:
                                 "device and thread count only.")
     p.add_argument("engine_dir")
     p.add_argument("--max-batch-size", type=int, help="largest running batch measured (default: the engine's)")
-    p.add_argument("--threads", type=int, help="torch threads, as the server will run (default: torch's own)")
+    p.add_argument("--threads", type=int, help="torch threads, as the server will run (default: dflash-serve's, "
+                   "the cores this process may use, at most 8)")
     p.add_argument("--repeats", type=int, default=3, help="timed steps per grid point (the median is kept)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--json", action="store_true", help="print the cost model as JSON")
     args = p.parse_args(argv)
-    if args.threads is not None:
-        if args.threads < 1:
-            raise DFlashError(f"--threads must be at least 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    set_threads(args.threads)  # the calibration is valid for this thread count only (its cache key)
     if args.repeats < 1:
         raise DFlashError(f"--repeats must be at least 1, got {args.repeats}")
     model, where = calibrate_engine(args.engine_dir, args.max_batch_size, args.repeats, args.device)

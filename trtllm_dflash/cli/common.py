@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -11,6 +12,13 @@ from ..errors import DFlashError
 from ..interrupts import Terminated
 
 BUILTIN = "builtin"
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as the one-line `PROG: error: ...` of run_cli (argparse's own prints the usage too)."""
+
+    def error(self, message: str):
+        raise DFlashError(message)
 
 
 def run_cli(prog: str, body: Callable[[], int | None]) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -12,13 +11,14 @@ from ..loading import DTYPES, parse_dtype
 from ..pipeline import load_pipeline
 from ..request import Request
 from ..sampling import SamplingParams
-from .common import model_path, run_cli
+from ..threads import set_threads
+from .common import Parser, model_path, run_cli
 
 PROG = "dflash-generate"
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Generate with a target model, speculatively with a DFlash drafter.")
+def parser() -> Parser:
+    p = Parser(prog=PROG, description="Generate with a target model, speculatively with a DFlash drafter.")
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--target", help="target model directory, hub id, or 'builtin'")
     model.add_argument("--engine", help="a torch engine directory from dflash-build (any tensor-parallel size)")
@@ -37,6 +37,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default float32 (an engine uses its own dtype)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--threads", type=int, help="torch threads per rank (default: the cores this process may use, "
+                   "divided among an engine's ranks, at most 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return p
 
@@ -53,6 +55,7 @@ def prompt_ids(args, tokenizer, where) -> tuple[int, ...]:
 
 
 def generate_from_checkpoints(args, sampling: SamplingParams):
+    args.threads = set_threads(args.threads)
     pipeline = load_pipeline(model_path(args.target, "target"), model_path(args.drafter, "drafter"),
                              parse_dtype(args.dtype or "float32"), args.device)
     request = Request(prompt_ids(args, pipeline.tokenizer, pipeline.target.path), args.max_new_tokens, sampling,
@@ -74,9 +77,11 @@ def generate_from_engine(args, sampling: SamplingParams):
     init_from_torchrun(args.device)
     engine = Path(args.engine)
     manifest = read_torch_manifest(engine)
+    args.threads = set_threads(args.threads, manifest.tp_size)  # the ranks share this process's cores
     tokenizer = load_tokenizer(engine / manifest.tokenizer) if manifest.tokenizer else None
     request = Request(prompt_ids(args, tokenizer, engine), args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
-    return generate_with_engine(engine, [request], args.block_size, args.device, args.draft_len)[0], tokenizer
+    return generate_with_engine(engine, [request], args.block_size, args.device, args.draft_len,
+                                args.threads)[0], tokenizer
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -88,7 +93,7 @@ def run(argv: list[str] | None = None) -> int:
     result, tokenizer = run_one(args, sampling)
     if dist.is_initialized() and dist.get_rank() != 0:
         return 0  # under torchrun, rank 0 reports
-    out = result.summary()
+    out = {**result.summary(), "threads": args.threads}
     if tokenizer is not None:
         out["text"] = tokenizer.decode(result.output_ids)
     if args.json:

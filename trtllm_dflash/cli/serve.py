@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from ..errors import DFlashError
-from .common import run_cli
+from .common import Parser, run_cli
 
 PROG = "dflash-serve"
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Serve an engine directory with Triton Inference Server.")
+def parser() -> Parser:
+    p = Parser(prog=PROG, description="Serve an engine directory with Triton Inference Server.")
     p.add_argument("engine_dir", help="an engine directory from dflash-build (torch or trtllm backend)")
     p.add_argument("--model-repo", default="triton_repo", help="where to write the Triton model repository "
                    "(default triton_repo)")
@@ -35,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-len", default="auto", help="torch engines: draft tokens per step; auto (default: "
                    "chosen every step from the calibrated step cost and live acceptance), N (fixed), or a "
                    "draft_len_schedule FILE (running batch size -> draft length)")
+    p.add_argument("--threads", type=int, help="torch engines: torch threads of the model (default: the cores "
+                   "this process may use, divided among the engine's ranks, at most 8)")
     p.add_argument("--write-only", action="store_true", help="write the repository (and, for trtllm engines, its "
                    "launch scripts) and exit")
     p.add_argument("--repository-only", action="store_true", help="write the model repository alone and exit (the "
@@ -84,7 +85,8 @@ def run(argv: list[str] | None) -> int:
     ends = Endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)
     if not (args.repository_only or args.write_only or args.print_launch):
         check_ports_free(ends, args.openai_port)  # one line now, not a Triton log line after the model loads
-    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding, args.draft_len)
+    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding, args.draft_len,
+                             args.threads)
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
     frontend = openai_settings(args)  # checked before anything is written

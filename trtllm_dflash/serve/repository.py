@@ -21,6 +21,7 @@ from ..builder.manifest import Manifest
 from ..draft_length.settings import AUTO, make_policy
 from ..engine import DECODINGS
 from ..errors import DFlashError
+from ..threads import resolve_threads
 
 # (name, Triton type, dims, optional) of TensorRT-LLM's llmapi model, plus our extensions
 INPUTS = [
@@ -66,12 +67,14 @@ class ServeSettings:
     max_queue: int = 256
     decoding: str = "dflash"  # "plain": serve the target alone (torch engines), the benchmark baseline
     draft_len: str = "auto"  # torch engines: auto | N | a draft_len_schedule file (draft_length/settings.py)
+    threads: int | None = None  # torch engines: torch threads of the model (default: threads.default_threads)
 
     def __post_init__(self):
         if self.decoding not in DECODINGS:
             raise DFlashError(f"--decoding must be one of {', '.join(DECODINGS)}, got {self.decoding!r}")
         if not self.model_name or "/" in self.model_name:
             raise DFlashError(f"invalid model name {self.model_name!r}")
+        resolve_threads(self.threads)  # at least 1, named as the flag
         for name in ("max_batch_size", "max_queue"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -130,7 +133,8 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
     if manifest.backend == "torch":
         params = {"engine_dir": engine_dir, "max_batch_size": batch, "max_queue": settings.max_queue,
                   "max_seq_len": manifest.limits["max_seq_len"], "tp_size": manifest.tp_size,
-                  "decoding": settings.decoding, "draft_len": draft_len_param(settings, manifest)}
+                  "decoding": settings.decoding, "draft_len": draft_len_param(settings, manifest),
+                  "threads": resolve_threads(settings.threads, manifest.tp_size)}
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)

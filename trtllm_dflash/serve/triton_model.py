@@ -20,6 +20,7 @@ from ..engine import load_engine
 from ..errors import DFlashError
 from ..request import Request
 from ..sampling import SamplingParams
+from ..threads import set_threads
 from .loop import Counters, ServeRequest, ServingLoop
 from .shutdown import STOP_FILE_ENV
 
@@ -99,6 +100,7 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        set_threads(int(params["threads"]) if "threads" in params else None, int(params["tp_size"]))  # before load
         generator, self.tokenizer = self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash"))
         # before the loop allocates: the cost-based policy calibrates (or reads its cache) then
         generator.policy = make_policy(params.get("draft_len"), generator.block - 1, Path(params["engine_dir"]),
