@@ -157,8 +157,7 @@ class CostBasedDraftLen(DraftLenPolicy):
     def drafts_for(self, batch: BatchView) -> bool:
         """Plain-only when plain steps have been best for PLAIN_ONLY_AFTER steps in a row and, with the
         newcomers, even the optimistic acceptance estimate makes every draft length lose to a plain step:
-        the drafter's context K/V (their prefill costs ~20 % of a long prompt's) would be computed for
-        drafts that will not run. The streak keeps a batch that alternates plain and drafting steps drafting."""
+        the drafter's context K/V would be computed for drafts that will not run. The streak keeps a batch that alternates plain and drafting steps drafting."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
         return self.plain_streak < PLAIN_ONLY_AFTER or int(np.argmax(self.expected_rates(batch))) > 0
