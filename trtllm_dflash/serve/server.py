@@ -1,4 +1,4 @@
-"""Run tritonserver on a model repository in the foreground; forward SIGINT/SIGTERM; wait until ready."""
+"""Run tritonserver on a model repository in the foreground; stop it in order on SIGINT/SIGTERM; wait until ready."""
 
 from __future__ import annotations
 
