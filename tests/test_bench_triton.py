@@ -188,7 +188,7 @@ def test_killed_server_ends_the_sweep_with_partial_results(builtin, tmp_path):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.1)
         os.killpg(srv["proc"].pid, signal.SIGKILL)  # tritonserver and its Python backend stubs
-        srv["proc"].wait(30)
+        srv["proc"].proc.wait(30)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
