@@ -34,6 +34,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--osl", type=int, default=128, help="output tokens per request (EOS ignored)")
     p.add_argument("--interactivity", default="60,100,150,200,300", help="tok/s/user levels of the table (CPU-sized)")
     p.add_argument("--check-prompts", type=int, default=4, help="held-out prompts of the exactness check")
+    p.add_argument("--threads", type=int, help="torch threads of each server (default: the cores available to "
+                   "this process, at most 8); recorded with the repeats")
     return p
 
 
@@ -68,7 +70,7 @@ def check_exact(engine: Path, prompts: list[str], new_tokens: int) -> float:
 
 
 @contextmanager
-def serving(engine: Path, out: Path, decoding: str):
+def serving(engine: Path, out: Path, decoding: str, threads: int):
     """tritonserver serving the engine with `decoding` until the block ends; -> its Endpoints."""
     from ..engine import free_port
     from ..serve.locate import find_tritonserver
@@ -76,7 +78,7 @@ def serving(engine: Path, out: Path, decoding: str):
     from ..serve.server import Endpoints, start_server, stop_server, wait_ready
 
     repo = out / f"repo-{decoding}"
-    write_repository(engine, repo, ServeSettings(MODEL, decoding=decoding))
+    write_repository(engine, repo, ServeSettings(MODEL, decoding=decoding, threads=threads))
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     with open(out / f"server-{decoding}.log", "w") as server_log:
         server = start_server(find_tritonserver(out / ".triton"), repo, ends, server_log)
@@ -108,7 +110,7 @@ def sweep_repeats(engine: Path, out: Path, args, dataset: Path) -> list[dict[str
     so slow drift on a shared machine lands on both sides. -> per repeat {decoding: run directory}."""
     repeats = []
     with ExitStack() as stack:
-        ends = {d: stack.enter_context(serving(engine, out, d)) for d in DECODINGS}
+        ends = {d: stack.enter_context(serving(engine, out, d, args.threads)) for d in DECODINGS}
         for r in range(1, args.repeats + 1):
             order = DECODINGS if r % 2 else DECODINGS[::-1]
             log(f"repeat {r} of {args.repeats}: sweeping {' then '.join(order)} at concurrency {args.concurrency}")
@@ -121,11 +123,13 @@ def run(argv: list[str] | None) -> int:
     from ..bench.report import load_run
     from ..errors import DFlashError
     from ..pairs import held_out_texts
+    from ..threads import resolve_threads
     from .bench import main as bench_main
 
     args = parser().parse_args(argv)
     if args.repeats < 1:
         raise DFlashError(f"--repeats must be at least 1, got {args.repeats}")
+    args.threads = resolve_threads(args.threads)  # pinned: both servers alike, and recorded
     out = Path(args.output).absolute()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -146,7 +150,8 @@ def run(argv: list[str] | None) -> int:
     levels = tuple(float(x) for x in args.interactivity.split(","))
     pairs = [(load_run(r["dflash"]), load_run(r["plain"])) for r in repeats]
     table = repeat_table.write(report, repeat_table.ratio_rows(pairs, levels), "dflash", "plain",
-                               {k: getattr(args, k) for k in ("concurrency", "prompts_per_point", "osl", "repeats")})
+                               {k: getattr(args, k) for k in ("concurrency", "prompts_per_point", "osl", "repeats",
+                                                              "threads")})
     print((report / "report.md").read_text())
     print(f"## DFlash ÷ plain over {args.repeats} repeats (report.md above is repeat 1)\n\n{table}\n")
     log(f"done in {time.perf_counter() - t0:.0f} s; report: {report / 'report.md'}, repeats: {report / 'repeats.md'}")
