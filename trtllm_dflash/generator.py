@@ -118,9 +118,10 @@ class Generator:
             raise DFlashError(f"{len(requests)} requests but only {len(free)} free slots")
         start = time.perf_counter()
         slots = free[: len(requests)]
+        self.policy.admit(slots)  # the new slots' acceptance starts from the pooled rates
         if drafting is None:
-            drafting = self.decide_drafting(requests)
-        self.policy.admit(slots)
+            drafting = self.decide_drafting(requests, slots)
+        self.admitting(requests, drafting)
         sequences = [self.new_sequence(r, s, start, tag) for r, s, tag in zip(requests, slots, tags or [None] * len(requests))]
         for seq in sequences:
             seq.drafting = drafting
@@ -132,13 +133,16 @@ class Generator:
             self.emit(seq, [token], now)
         return sequences
 
-    def decide_drafting(self, requests: list[Request]) -> bool:
-        """The policy's view of the batch these requests would join (their slots' acceptance reset first)."""
+    def admitting(self, requests: list[Request], drafting: bool) -> None:
+        """Called once `requests` are validated and their drafting decided, before any state changes (the
+        tensor-parallel lockstep generator sends them to the other ranks here)."""
+
+    def decide_drafting(self, requests: list[Request], new_slots: list[int]) -> bool:
+        """The policy's `drafts_for` on the batch these requests join in `new_slots`."""
         if self.block == 1:
             return True
         running = list(self.slots.running.values())
-        slots = [s.slot for s in running] + self.slots.free()[: len(requests)]
-        self.policy.admit(slots[len(running):])
+        slots = [s.slot for s in running] + new_slots
         starts = [s.start for s in running] + [len(r.prompt_ids) for r in requests]
         remaining = [s.request.max_new_tokens - len(s.result.output_ids) for s in running]
         view = BatchView(slots, max(starts), remaining + [r.max_new_tokens for r in requests], self.block - 1,

@@ -125,7 +125,7 @@ class CostBasedDraftLen(DraftLenPolicy):
                 raise ValueError("CostBasedDraftLen needs a cost model covering the batch, or a calibrator")
             self.cost = self.calibrator(generator)
         self.acceptance = AcceptanceModel(slots, max_draft_len, self.acceptance_settings)
-        self.plain_run, self.wait = 0, self.probe.first
+        self.plain_run, self.wait, self.plain_streak = 0, self.probe.first, 0
 
     def admit(self, slots: list[int]) -> None:
         if self.acceptance is not None:

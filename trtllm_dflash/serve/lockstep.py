@@ -34,13 +34,12 @@ class LockstepGenerator(Generator):
         super().allocate(num_slots, capacity, block)
 
     def admit(self, requests: list[Request], tags: list | None = None, drafting: bool | None = None) -> list[Sequence]:
-        for r in requests:
-            self.validate(r)  # before broadcasting: a rejected batch must not reach the workers
-        requests = [with_seed(r) for r in requests]
-        if drafting is None:  # decided here, by rank 0's policy, and sent: every rank keeps the same context
-            drafting = self.decide_drafting(requests)
+        return super().admit([with_seed(r) for r in requests], tags, drafting)
+
+    def admitting(self, requests: list[Request], drafting: bool) -> None:
+        # validated (a rejected batch never reaches the workers); drafting decided by rank 0's policy and
+        # sent, so every rank keeps the same drafter context
         broadcast(("admit", (requests, None, drafting)))
-        return super().admit(requests, tags, drafting)
 
     def step(self, draft_len: int | None = None) -> list[Sequence]:
         running = list(self.slots.running.values())
