@@ -62,7 +62,8 @@ def main() -> None:
     for r in range(args.repeats):
         order = list(cases) if r % 2 == 0 else list(cases)[::-1]
         for name in order:
-            samples[name].append(run(*cases[name][:1], prompts, cases[name][1]))
+            generator, drafting = cases[name]
+            samples[name].append(run(generator, prompts, drafting))
     base = {k: statistics.median(s[i] for s in samples["plain decoding"]) for i, k in enumerate(("prefill", "decode"))}
     rows = []
     for name, s in samples.items():

@@ -135,10 +135,13 @@ def test_rollback_keeps_exactly_the_accepted_tokens(hybrid):
 @pytest.mark.parametrize("drafted", [False, True])
 def test_greedy_equals_transformers_generate(hybrid, tmp_path, drafted):
     _, path, expected = hybrid
-    drafter = write_drafter(tmp_path / "drafter", seed=2) if drafted else None
+    assert greedy(path, write_drafter(tmp_path / "drafter", seed=2) if drafted else None) == expected
+
+
+def greedy(path, drafter=None) -> list[list[int]]:
+    """PROMPTS decoded greedily in one batch, plainly or with `drafter`."""
     requests = [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS]
-    results = load_pipeline(path, drafter).generator.generate(requests)
-    assert [r.output_ids for r in results] == expected
+    return [r.output_ids for r in load_pipeline(path, drafter).generator.generate(requests)]
 
 
 class ScriptedProposer(Proposer):
@@ -167,13 +170,19 @@ class ScriptedProposer(Proposer):
 
 
 @text_only
-def test_batch_with_different_acceptance_in_one_step_stays_exact(hybrid):
-    _, path, expected = hybrid
+def scripted_batch(path, expected) -> list[tuple[int, ...]]:
+    """PROMPTS decoded in one batch with ScriptedProposer's acceptance pattern; outputs checked against
+    `expected`; -> the acceptance lengths of each step (one per row)."""
     proposer = ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)])
     results = Generator(load_target(path).model, proposer).generate(
         [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
     assert [r.output_ids for r in results] == expected
-    steps = list(zip(*(r.acceptance_lengths for r in results)))
+    return list(zip(*(r.acceptance_lengths for r in results)))
+
+
+def test_batch_with_different_acceptance_in_one_step_stays_exact(hybrid):
+    _, path, expected = hybrid
+    steps = scripted_batch(path, expected)
     assert any(len(set(step)) == 3 for step in steps)  # three different acceptances in one step
     assert max(max(s) for s in steps) == 6 and min(min(s) for s in steps) == 1
 
@@ -199,6 +208,17 @@ def test_draft_length_chosen_per_step_stays_exact(hybrid):
     assert any(a > 1 for a in results[0].acceptance_lengths)  # drafts were accepted, not only rejected
 
 
+def tp_engines_give(path, expected, tmp_path) -> None:
+    """dflash-build torch engines of `path` at TP=1 and TP=2 (under tmp_path/tp1, tp2) decode the first two
+    PROMPTS greedily into `expected`."""
+    drafter = write_drafter(tmp_path / "drafter", seed=2)
+    requests = [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS[:2]]
+    for tp in (1, 2):
+        engine = build_engine(BuildSpec(target=str(path), drafter=str(drafter), output=str(tmp_path / f"tp{tp}"),
+                                        tp=tp, dtype="float32"), "test")
+        assert [r.output_ids for r in generate_with_engine(engine, requests)] == expected[:2]
+
+
 @pytest.mark.parametrize("hybrid", ["multimodal"], indirect=True)
 def test_tp2_engine_from_the_multimodal_checkpoint_is_exact(hybrid, tmp_path):
     """dflash-build torch engines at TP=1 and TP=2 (Gated DeltaNet heads and their state split over
@@ -206,12 +226,7 @@ def test_tp2_engine_from_the_multimodal_checkpoint_is_exact(hybrid, tmp_path):
     from trtllm_dflash.sharding import unshard_state
 
     hf, path, expected = hybrid
-    drafter = write_drafter(tmp_path / "drafter", seed=2)
-    requests = [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS[:2]]
-    for tp in (1, 2):
-        engine = build_engine(BuildSpec(target=str(path), drafter=str(drafter), output=str(tmp_path / f"tp{tp}"),
-                                        tp=tp, dtype="float32"), "test")
-        assert [r.output_ids for r in generate_with_engine(engine, requests)] == expected[:2]
+    tp_engines_give(path, expected, tmp_path)
     cfg = TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c")
     shards = [load_file(str(tmp_path / "tp2" / "target" / f"rank{r}.safetensors")) for r in range(2)]
     assert shards[0]["model.layers.0.linear_attn.in_proj_qkv.weight"].shape[0] == 32  # half of q|k|v
@@ -299,20 +314,14 @@ def test_moe_config_is_transformers(hybrid_moe):
 def test_moe_greedy_equals_transformers_generate(hybrid_moe, tmp_path):
     """Plain and DFlash decoding of Qwen3.5-MoE, 48 tokens, three prompts in one batch."""
     _, path, expected = hybrid_moe
-    requests = [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS]
     for drafter in (None, write_drafter(tmp_path / "drafter", seed=2)):
-        results = load_pipeline(path, drafter).generator.generate(requests)
-        assert [r.output_ids for r in results] == expected
+        assert greedy(path, drafter) == expected
 
 
 @pytest.mark.parametrize("hybrid_moe", ["text"], indirect=True)
 def test_moe_batch_with_different_acceptance_in_one_step_stays_exact(hybrid_moe):
     _, path, expected = hybrid_moe
-    proposer = ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)])
-    results = Generator(load_target(path).model, proposer).generate(
-        [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
-    assert [r.output_ids for r in results] == expected
-    assert any(len(set(step)) == 3 for step in zip(*(r.acceptance_lengths for r in results)))
+    assert any(len(set(step)) == 3 for step in scripted_batch(path, expected))
 
 
 @pytest.mark.parametrize("hybrid_moe", ["multimodal"], indirect=True)
@@ -320,9 +329,4 @@ def test_moe_tp2_engine_is_exact(hybrid_moe, tmp_path):
     """dflash-build torch engines of the multimodal Qwen3.5-MoE checkpoint at TP=1 and TP=2 (experts split
     inside each expert, linear-attention heads split): greedy output as transformers."""
     _, path, expected = hybrid_moe
-    drafter = write_drafter(tmp_path / "drafter", seed=2)
-    requests = [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS[:2]]
-    for tp in (1, 2):
-        engine = build_engine(BuildSpec(target=str(path), drafter=str(drafter), output=str(tmp_path / f"tp{tp}"),
-                                        tp=tp, dtype="float32"), "test")
-        assert [r.output_ids for r in generate_with_engine(engine, requests)] == expected[:2]
+    tp_engines_give(path, expected, tmp_path)

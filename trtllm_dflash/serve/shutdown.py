@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import time
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -24,9 +23,10 @@ STOP_FILE_ENV = "DFLASH_STOP_FILE"
 EXIT_TIMEOUT_S = 3  # tritonserver --exit-timeout-secs: only idle connections can be left to wait for
 
 
-def request_json(url: str, body: dict | None = None, timeout: float = 5.0):
-    data = None if body is None else json.dumps(body).encode()
-    with urllib.request.urlopen(urllib.request.Request(url, data, method="POST"), timeout=timeout) as r:
+def request_json(url: str, body: dict, timeout: float = 5.0):
+    """POST `body` as JSON; -> the decoded answer (None when empty)."""
+    with urllib.request.urlopen(urllib.request.Request(url, json.dumps(body).encode(), method="POST"),
+                                timeout=timeout) as r:
         raw = r.read()
     return json.loads(raw) if raw else None
 
@@ -47,7 +47,7 @@ def unload_all(http_url: str, timeout: float) -> bool:
             if not loaded_models(http_url):
                 return True
             time.sleep(0.1)
-    except (OSError, ValueError, urllib.error.HTTPError):  # the server is already going away
+    except (OSError, ValueError):  # the server is already going away (HTTPError is an OSError)
         return False
     return False
 
