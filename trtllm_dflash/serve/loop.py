@@ -1,8 +1,9 @@
 """The serving loop behind the Triton model: a queue, inflight batching, streamed text, counters.
 
 Free of Triton so it can be tested with fake responders. One background thread owns the
-generator: between steps it admits queued requests into free slots, after each step it sends
-every request its new text (streaming) or its whole answer (when finished).
+generator (the process's torch thread, torch_thread.py: the engine should be loaded on it too):
+between steps it admits queued requests into free slots, after each step it sends every request
+its new text (streaming) or its whole answer (when finished).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 import queue
 import threading
 import time
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -18,6 +20,7 @@ from ..errors import DFlashError
 from ..generator import Generator, Sequence
 from ..request import Request
 from .failures import CANCELLED, INTERNAL_ERROR, OVERLOADED, SHUTTING_DOWN
+from .torch_thread import TorchThread
 
 STEP_IDLE_S = 0.005  # how long the loop sleeps when nothing is queued or running
 
@@ -61,7 +64,7 @@ class Counters:
 
 class ServingLoop:
     def __init__(self, generator: Generator, tokenizer, max_batch_size: int, max_seq_len: int, max_queue: int,
-                 on_update=None, on_step=None, stop_file: str | None = None):
+                 on_update=None, on_step=None, stop_file: str | None = None, torch_thread: TorchThread | None = None):
         self.generator, self.tokenizer = generator, tokenizer
         # dflash-serve creates this file to begin a shutdown: Triton unloads a model only once its requests
         # are over, so the loop must end them first (each gets a final SHUTTING_DOWN response)
@@ -72,12 +75,14 @@ class ServingLoop:
         self.counters = Counters()
         self.on_update = on_update or (lambda counters, delta: None)
         self.on_step = on_step or (lambda draft_len: None)  # the draft length of every batch step
-        generator.allocate(max_batch_size, max_seq_len, generator.block)
+        self.torch_thread = torch_thread or TorchThread("dflash-serving-loop")
+        # on the thread that steps: the cost-based policy calibrates here, and it must time that thread's steps
+        self.torch_thread.call(lambda: generator.allocate(max_batch_size, max_seq_len, generator.block))
         self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self.run, name="dflash-serving-loop", daemon=True)
+        self.running: Future | None = None
 
     def start(self) -> None:
-        self.thread.start()
+        self.running = self.torch_thread.submit(self.run)
 
     def submit(self, req: ServeRequest) -> None:
         """Queue a validated request, or answer at once when it cannot be served."""
@@ -99,8 +104,8 @@ class ServingLoop:
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel everything in flight and queued, then end the thread."""
         self.stopping.set()
-        if self.thread.ident is not None:  # started
-            self.thread.join(timeout)
+        if self.running is not None:  # started
+            wait([self.running], timeout)
 
     def run(self) -> None:
         while not self.stopping.is_set():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from concurrent.futures import wait
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +24,7 @@ from ..sampling import SamplingParams
 from ..threads import set_threads
 from .loop import Counters, ServeRequest, ServingLoop
 from .shutdown import STOP_FILE_ENV
+from .torch_thread import TorchThread
 
 DEFAULT_MAX_TOKENS = 32  # TensorRT-LLM's SamplingParams default
 OUTPUT_TYPES = {
@@ -100,8 +102,12 @@ class TritonPythonModel:
     def initialize(self, args):
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
-        set_threads(int(params["threads"]) if "threads" in params else None, int(params["tp_size"]))  # before load
-        generator, self.tokenizer = self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash"))
+        # every torch call of this process (load, warm-up, calibration, steps) runs on this one thread
+        self.torch_thread = TorchThread()
+        self.torch_thread.call(lambda: set_threads(int(params["threads"]) if "threads" in params else None,
+                                                   int(params["tp_size"])))
+        generator, self.tokenizer = self.torch_thread.call(
+            lambda: self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash")))
         # before the loop allocates: the cost-based policy calibrates (or reads its cache) then
         generator.policy = make_policy(params.get("draft_len"), generator.block - 1, Path(params["engine_dir"]),
                                        log=lambda line: print(f"dflash: {line}", file=sys.stderr, flush=True))
@@ -109,7 +115,7 @@ class TritonPythonModel:
         self.metrics = self.make_metrics(generator.block - 1)
         self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
                                 int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics,
-                                self.metrics["draft_length"].observe, os.environ.get(STOP_FILE_ENV))
+                                self.metrics["draft_length"].observe, os.environ.get(STOP_FILE_ENV), self.torch_thread)
         self.loop.start()
 
     def load(self, engine_dir: str, tp: int, decoding: str):
@@ -187,7 +193,7 @@ class TritonPythonModel:
         if self.workers:
             import torch.distributed as dist
 
-            self.loop.generator.close()
+            wait([self.torch_thread.submit(self.loop.generator.close)], 30)  # queued behind the ended loop
             for worker in self.workers:
                 worker.wait(timeout=30)
             dist.destroy_process_group()
