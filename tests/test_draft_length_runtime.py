@@ -260,3 +260,29 @@ def test_plain_only_admission_skips_the_drafter_and_stays_exact(pair, prompts):
     again = alone.generate([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
     assert again.draft_lengths == steps_a and again.acceptance_lengths == a.result.acceptance_lengths
     assert max(a.result.acceptance_lengths[first_plain + together:]) > 1
+
+
+def test_draft_length_zero_runs_the_ops_of_plain_decoding(pair, prompts):
+    """--draft-len 0 through the DFlash engine: requests are admitted plain-only, no target features are captured
+    (prefill or steps) and no drafter context is written; outputs are the target's."""
+    from transformers import AutoModelForCausalLM
+
+    from trtllm_dflash.draft_length.policy import FixedDraftLen
+
+    gen = load_pipeline(*pair).generator
+    gen.proposer = writes = CountingWrites(gen.proposer)
+    gen.policy = FixedDraftLen(0)
+    captures = []
+    forward = gen.target.forward
+
+    def recording(ids, ctx):
+        captures.append(ctx.capture_layer_ids)
+        return forward(ids, ctx)
+
+    gen.target.forward = recording
+    requests = [Request(tuple(p[:16]), 12, ignore_eos=True) for p in prompts[:2]]
+    results = gen.generate(requests)
+    oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+    assert [r.output_ids for r in results] == [hf_greedy(oracle, p[:16], 12) for p in prompts[:2]]
+    assert writes.slots == [] and len(captures) == 12 and set(captures) == {()}  # prefill + 11 plain steps
+    assert {k for r in results for k in r.draft_lengths} == {0}

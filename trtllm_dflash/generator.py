@@ -165,13 +165,14 @@ class Generator:
         slots = torch.tensor([s.slot for s in sequences], device=self.device)
         lengths = torch.tensor([len(s.request.prompt_ids) for s in sequences], device=self.device)
         self.target.reset(self.cache, slots)  # recurrent layers start from zero state
+        drafting = sequences[0].drafting  # one decision per admitted batch
         ctx = ForwardContext.prefill(positions, self.cache, slots, lengths,
-                                     capture_layer_ids=self.proposer.capture_layer_ids)
+                                     capture_layer_ids=self.proposer.capture_layer_ids if drafting else ())
         hidden, features = self.target(ids.to(self.device), ctx)
         last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
         self.slots.steps[slots] = 0
         first = self.first_tokens(self.target.logits(last[:, None]), self.sampling(sequences, self.slots.steps[slots]))
-        if sequences[0].drafting:  # one decision per admitted batch
+        if drafting:
             self.proposer.commit(slots, features, positions)
         self.slots.starts[slots] = lengths
         self.slots.anchors[slots] = first
@@ -229,15 +230,18 @@ class Generator:
         positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
         # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
         commit = torch.ones_like(starts) if tokens.shape[1] == 1 else None
+        # the target's features feed the drafter's context: none are captured when no running request keeps one
+        # (plain-only requests alone), so such a step runs exactly the ops of plain decoding
+        capture = k > 0 or any(s.drafting for s in running)
         ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], commit=commit,
-                                    capture_layer_ids=self.proposer.capture_layer_ids)
+                                    capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.target(tokens, ctx)
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling)
         if commit is None:
             self.target.commit(self.cache, ctx.slots, num_accepted + 1, tokens.shape[1])
         if k > 0:
             self.proposer.commit(ctx.slots, features, positions)
-        else:
+        elif capture:
             self.defer_drafting_rows(rows, ctx.slots, features, positions)
         self.slots.starts[:n] = starts + torch.where(self.slots.active[:n], num_accepted + 1, 0)
         self.slots.anchors[:n] = bonus

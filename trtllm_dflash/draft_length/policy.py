@@ -74,6 +74,11 @@ class FixedDraftLen(DraftLenPolicy):
     def choose(self, batch: BatchView) -> int:
         return batch.max_draft_len if self.draft_len is None else min(self.draft_len, batch.max_draft_len)
 
+    def drafts_for(self, batch: BatchView) -> bool:
+        """Never drafting (draft length 0): requests are admitted plain-only, so the DFlash engine runs exactly
+        plain decoding's ops (no drafter context, no captured target features)."""
+        return self.draft_len != 0
+
     def describe(self) -> dict:
         return {"policy": self.name, "draft_len": self.draft_len}
 
