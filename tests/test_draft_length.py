@@ -200,19 +200,6 @@ def test_choice_maximises_the_closed_form_rate(alpha, per_draft, overhead):
     assert policy.choose(view([0, 1, 2, 3])) == int(np.argmax(rate))
 
 
-def test_cost_is_that_of_the_rows_the_step_computes():
-    """One request left in slot 15: the step still runs rows 0..15 (free slots compute junk), so it
-    costs a batch of 16. Drafting pays for one row (cheap verify) but not for 16 (verify grows with
-    rows x tokens): the choice must follow the rows, not the running count."""
-    cost = linear_cost(plain=1.0, per_draft=0.0, per_batch=0.2, batches=(1, 16))
-    cost.seconds = [[[1.0 + 0.02 * k for k in range(K + 1)], [4.0 + 4.0 * k for k in range(K + 1)]]
-                    for _ in cost.contexts]  # batch 1: drafts nearly free; batch 16: each draft costs a plain step
-    policy = prepared(cost)
-    feed(policy.acceptance, [15], 0.6, steps=40)
-    assert policy.choose(view([15])) > 0  # as if the step ran one row
-    assert policy.choose(BatchView([15], 100, [1000], K, rows=16)) == 0
-
-
 def test_never_worse_than_plain_in_expected_rate():
     rng = random.Random(3)
     for trial in range(200):

@@ -136,3 +136,31 @@ def test_inflight_admission_joins_and_leaves_between_steps(builtin):
     assert [by_request[id(r)] for r in requests] == alone
     with pytest.raises(DFlashError, match="exceeds this engine's sequence capacity"):
         gen.admit([Request((5,), 200)])
+
+
+def test_free_slots_among_running_ones_cost_no_rows(builtin):
+    """Requests in slots 0, 1 finish first: the steps of the survivors in slots 2 and 3 run two rows (their
+    caches gathered), not four. Drafting and plain steps both; the greedy row equals decoding alone, and the
+    seeded sampled row draws what it draws alone."""
+    from trtllm_dflash.draft_length.policy import FixedDraftLen
+    from trtllm_dflash.sampling import SamplingParams
+
+    gen = load_pipeline(*builtin).generator
+    prompts = held_out_prompts(4)
+    requests = [Request(tuple(prompts[0][:8]), 5, ignore_eos=True), Request(tuple(prompts[1][:9]), 3, ignore_eos=True),
+                Request(tuple(prompts[2][:10]), 60, ignore_eos=True),
+                Request(tuple(prompts[3][:7]), 60, SamplingParams(0.8, seed=11), ignore_eos=True)]
+    for policy in (FixedDraftLen(), FixedDraftLen(0)):
+        gen.policy = policy
+        alone = [gen.generate([r])[0].output_ids for r in requests]
+        batch_sizes = []
+        forward = gen.target.forward
+        gen.target.forward = lambda ids, ctx: batch_sizes.append((ids.shape[0], ctx.slots.tolist())) or forward(ids, ctx)
+        try:
+            together = gen.generate(requests)
+        finally:
+            del gen.target.forward
+        assert [r.output_ids for r in together] == alone
+        steps = batch_sizes[1:]  # after the prefill
+        assert steps[0] == (4, [0, 1, 2, 3]) and (2, [2, 3]) in steps  # the survivors alone, in their slots
+        assert all(rows == len(slots) for rows, slots in steps)

@@ -48,16 +48,11 @@ class Slots:
 
     starts: torch.Tensor  # [S] long, committed length
     anchors: torch.Tensor  # [S] long
-    active: torch.Tensor  # [S] bool: a sequence runs in the slot (free slots keep start 0)
     steps: torch.Tensor  # [S] long: steps the slot's sequence has run (its random stream's counter)
     running: dict[int, Sequence] = field(default_factory=dict)
 
     def free(self) -> list[int]:
         return [s for s in range(len(self.starts)) if s not in self.running]
-
-    def rows(self) -> list[Sequence | None]:
-        """The sequence of each slot 0..highest running (None: free); a step runs exactly these rows."""
-        return [self.running.get(s) for s in range(max(self.running) + 1)]
 
 
 class Generator:
@@ -93,8 +88,7 @@ class Generator:
         self.cache = self.target.new_cache(num_slots, capacity, block)
         self.proposer.allocate(num_slots, capacity)
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
-        active = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
-        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), active, zeros.clone()), block, capacity
+        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), zeros.clone()), block, capacity
         self.policy.prepare(self)
 
     def validate(self, request: Request) -> None:
@@ -145,8 +139,7 @@ class Generator:
         slots = [s.slot for s in running] + new_slots
         starts = [s.start for s in running] + [len(r.prompt_ids) for r in requests]
         remaining = [s.request.max_new_tokens - len(s.result.output_ids) for s in running]
-        view = BatchView(slots, max(starts), remaining + [r.max_new_tokens for r in requests], self.block - 1,
-                         rows=max(slots) + 1)
+        view = BatchView(slots, max(starts), remaining + [r.max_new_tokens for r in requests], self.block - 1)
         return self.policy.drafts_for(view)
 
     def new_sequence(self, request: Request, slot: int, start: float, tag) -> Sequence:
@@ -176,7 +169,6 @@ class Generator:
             self.proposer.commit(slots, features, positions)
         self.slots.starts[slots] = lengths
         self.slots.anchors[slots] = first
-        self.slots.active[slots] = True
         for seq in sequences:
             seq.start = len(seq.request.prompt_ids)
         return first
@@ -197,8 +189,7 @@ class Generator:
         """The running batch as the policy sees it, from host-side lengths (no device sync)."""
         slots = [s.slot for s in running]
         return BatchView(slots, max(s.start for s in running),
-                         [s.request.max_new_tokens - len(s.result.output_ids) for s in running], self.block - 1,
-                         rows=max(slots) + 1)
+                         [s.request.max_new_tokens - len(s.result.output_ids) for s in running], self.block - 1)
 
     def draft_len(self, running: list[Sequence]) -> int:
         """The policy's draft length for the next step of `running` (0..block - 1); 0 while a plain-only
@@ -212,16 +203,20 @@ class Generator:
         """One speculative step for every running sequence: draft k tokens, verify them, accept a prefix.
 
         k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
-        Rows are slots 0..highest running (free slots in between compute junk that is discarded).
+        Rows are the running sequences in slot order: read in place when they hold slots 0..B-1, else their
+        slots gathered (free slots among running ones then cost nothing but the copy of the running rows'
+        cache, where computing them as junk rows would cost a whole row of the step each).
         -> the sequences that ran (finished ones have `done` set and have left their slots)."""
         if not self.slots.running:
             return []
-        rows = self.slots.rows()
-        n, running = len(rows), [s for s in rows if s is not None]
+        running = [self.slots.running[slot] for slot in sorted(self.slots.running)]
+        n = len(running)
         k = self.draft_len(running) if draft_len is None else draft_len
-        starts, anchors = self.slots.starts[:n], self.slots.anchors[:n]
+        index = None if running[-1].slot == n - 1 else torch.tensor([s.slot for s in running], device=self.device)
+        where = slice(0, n) if index is None else index
+        starts, anchors = self.slots.starts[where], self.slots.anchors[where]
         max_start = max(s.start for s in running)
-        batch = StepBatch(anchors, starts, max_start, self.sampling(rows, self.slots.steps[:n]))
+        batch = StepBatch(anchors, starts, max_start, self.sampling(running, self.slots.steps[where]), index)
         if k > 0:
             drafts, draft_probs = self.proposer.propose(batch, k)
         else:  # a plain step: the drafter does not run
@@ -233,7 +228,7 @@ class Generator:
         # the target's features feed the drafter's context: none are captured when no running request keeps one
         # (plain-only requests alone), so such a step runs exactly the ops of plain decoding
         capture = k > 0 or any(s.drafting for s in running)
-        ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], commit=commit,
+        ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], slots=index, commit=commit,
                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.target(tokens, ctx)
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling)
@@ -242,16 +237,14 @@ class Generator:
         if k > 0:
             self.proposer.commit(ctx.slots, features, positions)
         elif capture:
-            self.defer_drafting_rows(rows, ctx.slots, features, positions)
-        self.slots.starts[:n] = starts + torch.where(self.slots.active[:n], num_accepted + 1, 0)
-        self.slots.anchors[:n] = bonus
-        self.slots.steps[:n] += 1
+            self.defer_drafting_rows(running, ctx.slots, features, positions)
+        self.slots.starts[where] = starts + num_accepted + 1
+        self.slots.anchors[where] = bonus
+        self.slots.steps[where] += 1
         now = time.perf_counter()
         drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
-        self.policy.observe([s.slot for s in running], k, [accepted[s.slot] for s in running])
-        for row, seq in enumerate(rows):
-            if seq is None:
-                continue
+        self.policy.observe([s.slot for s in running], k, accepted)
+        for row, seq in enumerate(running):
             a = accepted[row]
             seq.start += a + 1
             seq.result.drafted_tokens += k
@@ -260,12 +253,12 @@ class Generator:
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
 
-    def defer_drafting_rows(self, rows: list[Sequence | None], slots, features, positions) -> None:
-        """A plain step's drafter context for the rows that keep one (all rows, junk ones too, when no
-        plain-only request runs: no gather then)."""
-        if all(seq is None or seq.drafting for seq in rows):
+    def defer_drafting_rows(self, rows: list[Sequence], slots, features, positions) -> None:
+        """A plain step's drafter context for the rows that keep one (all rows when no plain-only request
+        runs: no gather then)."""
+        if all(seq.drafting for seq in rows):
             return self.proposer.defer(slots, features, positions)
-        keep = [row for row, seq in enumerate(rows) if seq is not None and seq.drafting]
+        keep = [row for row, seq in enumerate(rows) if seq.drafting]
         if keep:
             index = torch.tensor(keep, device=self.device)
             self.proposer.defer(slots[index], features[index], positions[index])
@@ -307,6 +300,4 @@ class Generator:
             seq.result.finish_reason = reason
         seq.done = True
         seq.result.finish_s = now
-        if self.slots.running.pop(seq.slot, None) is not None:
-            self.slots.active[seq.slot] = False
-            self.slots.starts[seq.slot] = 0
+        self.slots.running.pop(seq.slot, None)

@@ -51,8 +51,8 @@ class FullKV:
         self.k[index] = k.detach()
         self.v[index] = v.detach()
 
-    def view(self, rows: slice, kv_len: int) -> tuple[Tensor, Tensor]:
-        # -> k, v [B, H_kv, kv_len, D], views (no copy)
+    def view(self, rows: slice | Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
+        # -> k, v [B, H_kv, kv_len, D]: views of a slice of slots (no copy), or the slots [B] a tensor names (a copy)
         return self.k[rows, :, :kv_len], self.v[rows, :, :kv_len]
 
     def key_positions(self, ctx) -> Tensor:
@@ -77,7 +77,7 @@ class WindowKV(FullKV):
         self.k[ctx.slots[:, None], :, index] = k.detach()
         self.v[ctx.slots[:, None], :, index] = v.detach()
 
-    def view(self, rows: slice, kv_len: int) -> tuple[Tensor, Tensor]:
+    def view(self, rows: slice | Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
         return self.k[rows, :, : self.ring], self.v[rows, :, : self.ring]
 
     def key_positions(self, ctx) -> Tensor:

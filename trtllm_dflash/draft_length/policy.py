@@ -28,17 +28,10 @@ from .cost import CostModel
 class BatchView:
     """What a policy sees of the running batch; host values only, so choosing needs no device sync."""
 
-    slots: list[int]  # cache slot of each running request
+    slots: list[int]  # cache slot of each running request (a step computes these rows, no others)
     context: int  # longest committed length in the batch (tokens the verify attends to, before the block)
     remaining: list[int]  # tokens each request may still emit
     max_draft_len: int  # block size - 1 of this run
-    rows: int | None = None  # rows the step computes (slots 0..highest running: free ones among them compute
-    #                          junk, so a step costs what `rows` requests cost); None: one per running request
-
-    @property
-    def cost_batch(self) -> int:
-        return self.rows or len(self.slots)
-
 
 class DraftLenPolicy(ABC):
     name = "policy"
@@ -138,7 +131,7 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
-        seconds = self.cost.step_seconds(batch.cost_batch, batch.context, batch.max_draft_len)
+        seconds = self.cost.step_seconds(len(batch.slots), batch.context, batch.max_draft_len)
         tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining).sum(0)[: len(seconds)]
         return tokens / seconds
 

@@ -94,7 +94,9 @@ class ForwardContext:
     positions: Tensor  # [B, T] long, absolute position of each query token, consecutive per row
     cache: object  # kv_cache.KVCache (or any cache whose .layers implement the layer-cache interface)
     slots: Tensor  # [B] long, the cache slot of each row
-    rows: slice | None = None  # cached mode: rows are slots rows.start.., read in place; None: prefill
+    # cached mode: rows are slots rows.start.. read in place (a slice), or the slots named by a [B] long tensor
+    # (their cache rows gathered: a batch with free slots among its running ones); None: prefill
+    rows: slice | Tensor | None = None
     kv_len: int = 0  # cached mode: keys 0..kv_len-1 of each slot are read (host int; the capacity when static)
     lengths: Tensor | None = None  # prefill: [B] real tokens per row (right padding beyond)
     # [B] tokens of each row that recurrent layers fold into their state in this pass (prefill: the
@@ -109,11 +111,13 @@ class ForwardContext:
         return cls(positions, cache, slots, None, 0, lengths, lengths, **kw)
 
     @classmethod
-    def cached(cls, positions: Tensor, cache, kv_len: int, **kw) -> ForwardContext:
-        """Rows 0..B-1 are slots 0..B-1."""
-        b = positions.shape[0]
-        rows = torch.arange(b, device=positions.device)
-        return cls(positions, cache, rows, slice(0, b), min(kv_len, cache.capacity), **kw)
+    def cached(cls, positions: Tensor, cache, kv_len: int, slots: Tensor | None = None, **kw) -> ForwardContext:
+        """Rows 0..B-1 are slots 0..B-1 (read in place), or the slots [B] given (gathered)."""
+        if slots is None:
+            b = positions.shape[0]
+            return cls(positions, cache, torch.arange(b, device=positions.device), slice(0, b),
+                       min(kv_len, cache.capacity), **kw)
+        return cls(positions, cache, slots, slots, min(kv_len, cache.capacity), **kw)
 
     def attend(self, layer: int, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor,
                sinks: Tensor | None = None) -> Tensor:

@@ -12,12 +12,14 @@ from ..sampling import SamplingBatch
 
 @dataclass
 class StepBatch:
-    """One decode step's rows, passed whole: row b is cache slot b of the target and the proposer."""
+    """One decode step's rows, passed whole: row b is cache slot b of the target and the proposer, or
+    slot slots[b] when the step runs only some slots."""
 
     anchors: torch.Tensor  # [B] long: the last committed token of each row, at position starts[b]
     starts: torch.Tensor  # [B] long: committed length; the context is positions 0..starts[b]-1
     max_start: int  # host int, >= every row's start: sizes the key span without a device sync
     sampling: SamplingBatch
+    slots: torch.Tensor | None = None  # [B] long cache slot of each row; None: rows 0..B-1 are slots 0..B-1
 
 
 class Proposer(ABC):

@@ -94,7 +94,8 @@ class DFlashProposer(Proposer):
         embeds = self.target.embed_tokens(block) * self.drafter.config.input_embedding_scale
         positions = batch.starts[:, None] + torch.arange(block_size, device=anchors.device)
         # The block's K/V go to the draft cache right after each row's context (scratch entries).
-        hidden = self.drafter(embeds, ForwardContext.cached(positions, self.cache, batch.max_start + block_size))
+        hidden = self.drafter(embeds, ForwardContext.cached(positions, self.cache, batch.max_start + block_size,
+                                                            slots=batch.slots))
         # Slot k predicts the token at slot k (no shift); the anchor's output is discarded.
         logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head)  # gathered over ranks
         sampling = batch.sampling
