@@ -290,3 +290,44 @@ def test_fixed_and_scheduled_policies():
     schedule = ScheduledDraftLen(DraftLenSchedule.from_mapping({1: 15, 4: 7, 8: 2}))
     assert [schedule.choose(view(range(n))) for n in (1, 3, 8, 9)] == [15, 7, 2, 0]
     assert schedule.choose(view([0], max_draft_len=5)) == 5
+
+
+# -- live correction of the calibrated cost --------------------------------------------------------
+
+def test_live_correction_learns_each_kind_bounded_and_shrunk():
+    import math
+
+    from trtllm_dflash.draft_length.live_cost import CorrectionSettings, StepCostCorrection
+
+    c = StepCostCorrection(CorrectionSettings(decay=0.9, prior_weight=1.0, bounds=(0.5, 3.0)))
+    assert c.factors() == (1.0, 1.0)
+    c.observe(4, measured_s=2.0, predicted_s=1.0)  # one drafting step at twice its prediction
+    plain, drafting = c.factors()
+    assert plain == 1.0 and drafting == pytest.approx(math.exp(math.log(2.0) / 2))  # shrunk: 1 step vs 1 prior
+    for _ in range(200):
+        c.observe(0, 0.9, 1.0)
+        c.observe(7, 2.0, 1.0)
+    plain, drafting = c.factors()
+    # steady state: 10 decayed steps of evidence beside 1 prior step of ratio 1
+    assert plain == pytest.approx(0.9 ** (10 / 11)) and drafting == pytest.approx(2.0 ** (10 / 11))
+    c.observe(7, 1000.0, 1.0)  # a stray step counts as bounds[1] = 3x, not 1000x
+    assert c.factors()[1] == pytest.approx(math.exp((9 * math.log(2.0) + math.log(3.0)) / 11))
+    corrected = c.apply(np.array([1.0, 2.0, 3.0]))
+    assert corrected[0] == pytest.approx(plain) and list(corrected[1:] / np.array([2.0, 3.0])) == \
+        pytest.approx([c.factors()[1]] * 2)
+
+
+def test_measured_steps_turn_a_policy_that_drafts_on_an_underestimated_cost_to_plain():
+    """Calibrated: a draft of any length costs 1.2 plain steps, so at acceptance 0.5 (E[tokens] ~ 2) drafting
+    wins. Served, drafting steps take 3x their calibrated seconds and plain steps what was calibrated: once the
+    policy has timed a few of each it decodes plainly, as the true costs say it should."""
+    cost = linear_cost(plain=1.0, per_draft=0.0, draft_overhead=0.2)
+    policy = prepared(cost, probe=ProbeSettings(first=10**9))
+    feed(policy.acceptance, [0], 0.5, steps=50)
+    assert policy.choose(view([0])) > 0
+    for _ in range(20):
+        policy.timed(1, 100, 8, 3 * 1.2)
+        policy.timed(1, 100, 0, 1.0)
+    assert policy.choose(view([0])) == 0
+    weight = (1 - 0.9 ** 20) / (1 - 0.9)  # 20 timed drafting steps, decayed, beside 1 prior step
+    assert policy.describe()["live_cost_factors"]["drafting"] == pytest.approx(3.0 ** (weight / (weight + 1)))

@@ -212,6 +212,7 @@ class Generator:
         running = [self.slots.running[slot] for slot in sorted(self.slots.running)]
         n = len(running)
         k = self.draft_len(running) if draft_len is None else draft_len
+        began = time.perf_counter()
         index = None if running[-1].slot == n - 1 else torch.tensor([s.slot for s in running], device=self.device)
         where = slice(0, n) if index is None else index
         starts, anchors = self.slots.starts[where], self.slots.anchors[where]
@@ -241,8 +242,9 @@ class Generator:
         self.slots.starts[where] = starts + num_accepted + 1
         self.slots.anchors[where] = bonus
         self.slots.steps[where] += 1
-        now = time.perf_counter()
         drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
+        now = time.perf_counter()
+        self.policy.timed(n, max_start, k, now - began)
         self.policy.observe([s.slot for s in running], k, accepted)
         for row, seq in enumerate(running):
             a = accepted[row]

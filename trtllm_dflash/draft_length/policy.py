@@ -22,6 +22,7 @@ import numpy as np
 from ..draft_len_schedule import DraftLenSchedule
 from .acceptance import AcceptanceModel, AcceptanceSettings
 from .cost import CostModel
+from .live_cost import StepCostCorrection
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,10 @@ class DraftLenPolicy(ABC):
 
     def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
         """The step ran with `draft_len` drafts per row; row i (slot slots[i]) had accepted[i] accepted."""
+
+    def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
+        """The step of `rows` requests at longest context `context` with `draft_len` drafts took `seconds`
+        (wall, up to the emitted tokens on the host)."""
 
     def drafts_for(self, batch: BatchView) -> bool:
         """Whether requests joining a running batch like `batch` (them included) should keep the drafter's
@@ -114,6 +119,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.plain_run, self.wait = 0, probe.first
         self.last_rates: np.ndarray | None = None  # expected tokens/s per k at the last choice
         self.plain_streak = 0  # steps in a row whose best draft length was 0 (probes do not break it)
+        self.correction = StepCostCorrection()
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = len(generator.slots.starts), generator.block - 1
@@ -124,6 +130,7 @@ class CostBasedDraftLen(DraftLenPolicy):
             self.cost = self.calibrator(generator)
         self.acceptance = AcceptanceModel(slots, max_draft_len, self.acceptance_settings)
         self.plain_run, self.wait, self.plain_streak = 0, self.probe.first, 0
+        self.correction = StepCostCorrection()
 
     def admit(self, slots: list[int]) -> None:
         if self.acceptance is not None:
@@ -131,7 +138,7 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
-        seconds = self.cost.step_seconds(len(batch.slots), batch.context, batch.max_draft_len)
+        seconds = self.correction.apply(self.cost.step_seconds(len(batch.slots), batch.context, batch.max_draft_len))
         tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining).sum(0)[: len(seconds)]
         return tokens / seconds
 
@@ -152,6 +159,12 @@ class CostBasedDraftLen(DraftLenPolicy):
         if self.acceptance is not None:
             self.acceptance.observe(slots, draft_len, accepted)
 
+    def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
+        if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself
+            return
+        predicted = self.cost.step_seconds(rows, context, draft_len)  # [min(draft_len, measured max) + 1]
+        self.correction.observe(draft_len, seconds, float(predicted[-1]))
+
     def drafts_for(self, batch: BatchView) -> bool:
         """Plain-only when plain steps have been best for PLAIN_ONLY_AFTER steps in a row and, with the
         newcomers, even the optimistic acceptance estimate makes every draft length lose to a plain step:
@@ -162,4 +175,6 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def describe(self) -> dict:
         meta = self.cost.meta if self.cost else {}
-        return {"policy": self.name, "calibration": {k: meta[k] for k in ("device", "threads") if k in meta}}
+        plain, drafting = self.correction.factors()
+        return {"policy": self.name, "calibration": {k: meta[k] for k in ("device", "threads") if k in meta},
+                "live_cost_factors": {"plain": plain, "drafting": drafting}}
