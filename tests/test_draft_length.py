@@ -331,3 +331,30 @@ def test_measured_steps_turn_a_policy_that_drafts_on_an_underestimated_cost_to_p
     assert policy.choose(view([0])) == 0
     weight = (1 - 0.9 ** 20) / (1 - 0.9)  # 20 timed drafting steps, decayed, beside 1 prior step
     assert policy.describe()["live_cost_factors"]["drafting"] == pytest.approx(3.0 ** (weight / (weight + 1)))
+
+
+def test_plain_only_admission_gives_way_when_a_probe_is_due():
+    """At concurrency 1 every request arrives alone. Admitted plain-only, it forces plain steps, and a probe
+    runs only when every running request drafts: without giving way the policy would never draft again. Its
+    forced plain steps count toward the probe's wait; once the probe is due a newcomer keeps its drafter
+    context, the next step probes, and a good drafter is found again."""
+    steep = linear_cost(plain=1.0, per_draft=0.0, draft_overhead=1.5)  # drafting pays only at high acceptance
+    policy = prepared(steep, slots=1, probe=ProbeSettings(first=8, longest=64))
+    k, steps = 0, 0
+    while k == 0 or policy.plain_streak < PLAIN_ONLY_AFTER:  # plain steps and failed probes, up to a probe
+        k = policy.choose(view([0]))
+        policy.observe([0], k, [0])
+        steps += 1
+    assert steps < 200 and policy.wait > 8  # the probes backed off
+    assert policy.drafts_for(view([0])) is False  # the newcomer is admitted plain-only
+    for _ in range(policy.wait - 2):
+        policy.observe([0], 0, [0])  # its forced plain steps (choose is not asked)
+        assert policy.drafts_for(view([0])) is False
+    policy.observe([0], 0, [0])
+    assert policy.drafts_for(view([0])) is True  # the probe is due: the next newcomer drafts
+    k = policy.choose(view([0]))
+    assert k > 0  # ... and its first step is the probe
+    for _ in range(60):  # the drafter now accepts everything: the probes find it
+        policy.observe([0], k, [k])
+        k = policy.choose(view([0]))
+    assert k == K

@@ -149,13 +149,14 @@ class CostBasedDraftLen(DraftLenPolicy):
         if best > 0 or len(rates) == 1 or max(batch.remaining) < 2:
             self.plain_run, self.wait = 0, self.probe.first
             return best
-        self.plain_run += 1
-        if self.plain_run < self.wait:
+        if self.plain_run + 1 < self.wait:  # this would be plain step plain_run + 1 in a row
             return 0
-        self.plain_run, self.wait = 0, min(2 * self.wait, self.probe.longest)
+        self.wait = min(2 * self.wait, self.probe.longest)
         return 1 + int(np.argmax(rates[1:]))  # the least bad drafting step: evidence for the estimates
 
     def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
+        # every step counts toward the next probe, also the plain ones forced by plain-only requests
+        self.plain_run = self.plain_run + 1 if draft_len == 0 else 0
         if self.acceptance is not None:
             self.acceptance.observe(slots, draft_len, accepted)
 
@@ -168,8 +169,13 @@ class CostBasedDraftLen(DraftLenPolicy):
     def drafts_for(self, batch: BatchView) -> bool:
         """Plain-only when plain steps have been best for PLAIN_ONLY_AFTER steps in a row and, with the
         newcomers, even the optimistic acceptance estimate makes every draft length lose to a plain step:
-        the drafter's context K/V would be computed for drafts that will not run. The streak keeps a batch that alternates plain and drafting steps drafting."""
+        the drafter's context K/V would be computed for drafts that will not run. The streak keeps a batch that
+        alternates plain and drafting steps drafting. While plain-only requests run no step drafts, so no probe
+        runs either: once one is due, newcomers keep their drafter context again (else a server at concurrency
+        1, whose every request arrives alone, would never draft again after one failed probe)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
+            return True
+        if self.plain_run + 1 >= self.wait:  # a probe is due: it can only run once every running request drafts
             return True
         return self.plain_streak < PLAIN_ONLY_AFTER or int(np.argmax(self.expected_rates(batch))) > 0
 
