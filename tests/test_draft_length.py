@@ -141,12 +141,21 @@ def test_estimates_converge_to_the_true_per_slot_rates():
     assert 0.2 < pooled < 0.9  # a mixture of both requests
 
 
-def test_a_new_request_starts_from_the_pooled_rates():
-    model = AcceptanceModel(2, K)
-    feed(model, [0], 0.9, steps=200)
-    model.reset([0])
-    assert model.rates([0])[0] == pytest.approx(model.pooled_rates())
-    assert model.rates([1])[0] == pytest.approx(model.pooled_rates())
+def test_a_new_request_starts_from_its_context_buckets_rates():
+    """Short prompts accept 0.9, 1024-token ones 0.2 (the built-in pair's drift, exaggerated). A new request
+    starts from the rates measured at its own prompt's length, not from the mixture."""
+    model = AcceptanceModel(4, K)
+    model.reset([0, 1], [100, 1024])
+    for step in range(300):
+        for slot, alpha in ((0, 0.9), (1, 0.2)):  # separate calls: each its own acceptance
+            feed(model, [slot], alpha, steps=1, seed=step)
+        model.context[[0, 1]] = [100, 1024]  # both stay in their buckets
+    model.reset([2, 3], [150, 1100])
+    short, long = model.rates([2, 3])[:, 0]
+    assert short == pytest.approx(model.bucket_rates()[0, 0]) and long == pytest.approx(model.bucket_rates()[3, 0])
+    assert short == pytest.approx(0.9, abs=0.08) and long == pytest.approx(0.2, abs=0.08)
+    pooled = model.pooled_rates()[0]
+    assert long < pooled < short  # the mixture would have misled both
 
 
 def test_positions_past_the_draft_length_learn_nothing():

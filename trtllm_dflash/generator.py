@@ -112,7 +112,7 @@ class Generator:
             raise DFlashError(f"{len(requests)} requests but only {len(free)} free slots")
         start = time.perf_counter()
         slots = free[: len(requests)]
-        self.policy.admit(slots)  # the new slots' acceptance starts from the pooled rates
+        self.policy.admit(slots, [len(r.prompt_ids) for r in requests])  # acceptance from their context's rates
         if drafting is None:
             drafting = self.decide_drafting(requests, slots)
         self.admitting(requests, drafting)

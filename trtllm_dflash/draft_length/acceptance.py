@@ -4,10 +4,14 @@ Draft position j (1-based) has a conditional acceptance rate alpha_j = P(draft j
 1..j-1 accepted). A verified step with draft length k and a accepted drafts is evidence for
 positions 1..min(a + 1, k): accepted at 1..a, rejected at a + 1 when a < k. Positions past k say
 nothing. Counts are kept per cache slot (the request in it) and pooled over all requests; old
-evidence decays (exponential forgetting), so the estimates follow drift such as the lower
-acceptance of long contexts. Estimates are shrunk where evidence is thin: a slot's toward the
-pooled rate, the pooled rate at position j toward the pooled rate at j - 1, position 1 toward
-`prior`. The rates the policy plans with are optimistic: `optimism` standard errors above the
+evidence decays (exponential forgetting), so the estimates follow drift. Acceptance also depends
+on the context length (the built-in pair accepts far less at 1024 tokens than at 100), so pooled
+counts are kept per context bucket as well (below 256 tokens, then one per doubling), and a new
+request starts from the rates of its prompt's bucket: without that, every long request after a run
+of short ones drafted on the short ones' rates until its own rejections taught it otherwise.
+Estimates are shrunk where evidence is thin: a slot's toward its bucket's rate; a bucket's counts get
+the other contexts' evidence scaled down to a few trials; a rate at position j is shrunk toward
+the rate at j - 1, position 1 toward `prior`. The rates the policy plans with are optimistic: `optimism` standard errors above the
 estimate (an upper confidence bound, as in bandit exploration). Without it one early rejection, or
 positions never reached because the drafts were short, would look like poor acceptance and keep
 the policy from ever drafting deep enough to learn otherwise; with it thin evidence explores and
@@ -26,10 +30,21 @@ import numpy as np
 class AcceptanceSettings:
     prior: float = 0.5  # alpha_1 before any evidence
     prior_weight: float = 2.0  # pseudo-observations behind each pooled rate's prior
-    slot_weight: float = 4.0  # pseudo-observations of the pooled rate behind each slot's rate
+    slot_weight: float = 4.0  # pseudo-observations of the slot's context bucket's rate behind each slot's rate
+    context_weight: float = 4.0  # at most this many trials of other contexts' evidence behind each bucket's rate
     pooled_decay: float = 0.95  # per step: the pooled counts' memory is about 1 / (1 - decay) steps
     slot_decay: float = 0.9  # per observation of that slot
     optimism: float = 1.0  # standard errors added to each pooled rate (0: the plain posterior mean)
+
+
+CONTEXT_BASE = 256  # contexts below it share bucket 0; bucket i >= 1 holds [BASE * 2^(i-1), BASE * 2^i)
+CONTEXT_BUCKETS = 8  # the last one holds everything from 256 * 2^6 = 16384 tokens on
+
+
+def context_buckets(contexts) -> np.ndarray:
+    """[B] context lengths (tokens) -> [B] bucket indices."""
+    c = np.maximum(np.asarray(contexts, dtype=float), 1.0)
+    return np.clip(np.floor(np.log2(c / CONTEXT_BASE)) + 1, 0, CONTEXT_BUCKETS - 1).astype(int)
 
 
 class AcceptanceModel:
@@ -37,17 +52,24 @@ class AcceptanceModel:
         self.settings, self.max_draft_len = settings, max_draft_len
         self.tried = np.zeros((num_slots, max_draft_len))  # [S, K] decayed trials of position j + 1
         self.accepted = np.zeros((num_slots, max_draft_len))  # [S, K] decayed acceptances
-        self.pooled_tried = np.zeros(max_draft_len)  # [K]
+        self.pooled_tried = np.zeros(max_draft_len)  # [K] over all contexts
         self.pooled_accepted = np.zeros(max_draft_len)
+        self.bucket_tried = np.zeros((CONTEXT_BUCKETS, max_draft_len))  # [C, K] per context bucket
+        self.bucket_accepted = np.zeros((CONTEXT_BUCKETS, max_draft_len))
+        self.context = np.zeros(num_slots)  # [S] each slot's committed length (tokens), kept by `observe`
 
-    def reset(self, slots: list[int]) -> None:
-        """New requests in these slots start from the pooled rates."""
+    def reset(self, slots: list[int], contexts: list[int] | None = None) -> None:
+        """New requests in these slots (prompts of `contexts` tokens) start from their context bucket's rates."""
         self.tried[slots] = 0
         self.accepted[slots] = 0
+        self.context[slots] = 0 if contexts is None else contexts
 
     def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
         """One verified step: `draft_len` drafts per row, accepted[i] of them accepted by row slots[i]."""
         k = min(draft_len, self.max_draft_len)
+        rows = np.asarray(slots, dtype=int)
+        buckets = context_buckets(self.context[rows])  # where each row stood when it drafted
+        self.context[rows] += np.minimum(np.asarray(accepted), max(k, 0)) + 1  # the tokens the step emitted
         if k == 0 or not slots:
             return
         s = self.settings
@@ -57,26 +79,48 @@ class AcceptanceModel:
         hit = (position < a).astype(float)
         self.pooled_tried[:k] = s.pooled_decay * self.pooled_tried[:k] + tried.sum(0)
         self.pooled_accepted[:k] = s.pooled_decay * self.pooled_accepted[:k] + hit.sum(0)
-        rows = np.asarray(slots)
+        seen = np.unique(buckets)  # only the buckets this step saw forget
+        self.bucket_tried[seen, :k] *= s.pooled_decay
+        self.bucket_accepted[seen, :k] *= s.pooled_decay
+        np.add.at(self.bucket_tried[:, :k], buckets, tried)
+        np.add.at(self.bucket_accepted[:, :k], buckets, hit)
         keep = np.where(tried > 0, s.slot_decay, 1.0)  # only positions this step reached forget
         self.tried[rows, :k] = keep * self.tried[rows, :k] + tried
         self.accepted[rows, :k] = keep * self.accepted[rows, :k] + hit
 
-    def pooled_rates(self, bound: bool = False) -> np.ndarray:
-        """[K] conditional acceptance rates over all requests; bound: each an upper confidence bound, the
-        shrunk mean plus `optimism` standard errors of a rate seen on (decayed trials + prior weight)."""
-        s, rates, previous = self.settings, np.empty(self.max_draft_len), self.settings.prior
+    def chain(self, tried: np.ndarray, accepted: np.ndarray, bound: bool) -> np.ndarray:
+        """[..., K] decayed counts -> rates: position j's mean shrunk toward position j - 1's (position 1's
+        toward `prior`) by `prior_weight` pseudo-trials; bound: each an upper confidence bound, the shrunk
+        mean plus `optimism` standard errors of a rate seen on (trials + prior weight)."""
+        s = self.settings
+        rates, previous = np.empty_like(tried), np.full(tried.shape[:-1], s.prior)
         for j in range(self.max_draft_len):
-            seen = self.pooled_tried[j] + s.prior_weight
-            previous = (self.pooled_accepted[j] + s.prior_weight * previous) / seen  # the chain shrinks means
+            seen = tried[..., j] + s.prior_weight
+            previous = (accepted[..., j] + s.prior_weight * previous) / seen
             spread = s.optimism * np.sqrt(previous * (1.0 - previous) / seen) if bound else 0.0
-            rates[j] = min(1.0, previous + spread)
+            rates[..., j] = np.minimum(1.0, previous + spread)
         return rates
 
+    def pooled_rates(self, bound: bool = False) -> np.ndarray:
+        """[K] rates over all requests and contexts."""
+        return self.chain(self.pooled_tried, self.pooled_accepted, bound)
+
+    def bucket_rates(self, bound: bool = False) -> np.ndarray:
+        """[C, K] each context bucket's rates: its own counts, plus the other contexts' evidence scaled down
+        to at most `context_weight` trials per position (a bucket with no evidence of its own starts near
+        the other contexts' rates and leaves them after a few trials; with one bucket in use this is the
+        pooled estimate exactly)."""
+        others_tried = np.maximum(self.pooled_tried[None] - self.bucket_tried, 0.0)
+        others_accepted = np.clip(self.pooled_accepted[None] - self.bucket_accepted, 0.0, others_tried)
+        scale = np.minimum(1.0, self.settings.context_weight / np.maximum(others_tried, 1e-9))
+        return self.chain(self.bucket_tried + scale * others_tried, self.bucket_accepted + scale * others_accepted,
+                          bound)
+
     def rates(self, slots: list[int], bound: bool = False) -> np.ndarray:
-        """[B, K] each slot's conditional acceptance rates (shrunk toward the pooled ones, or their bound)."""
+        """[B, K] each slot's conditional acceptance rates (shrunk toward its context bucket's, or their bound)."""
         w = self.settings.slot_weight
-        return (self.accepted[slots] + w * self.pooled_rates(bound)) / (self.tried[slots] + w)
+        prior = self.bucket_rates(bound)[context_buckets(self.context[slots])]
+        return (self.accepted[slots] + w * prior) / (self.tried[slots] + w)
 
     def expected_tokens(self, slots: list[int], remaining: list[int]) -> np.ndarray:
         """[B, K + 1]: expected tokens each request emits at draft length 0..K (the target's own token

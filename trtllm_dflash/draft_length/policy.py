@@ -40,8 +40,8 @@ class DraftLenPolicy(ABC):
     def prepare(self, generator) -> None:
         """Called once the generator's caches are allocated (size per-slot state, calibrate)."""
 
-    def admit(self, slots: list[int]) -> None:
-        """New requests now occupy these slots."""
+    def admit(self, slots: list[int], contexts: list[int]) -> None:
+        """New requests, of prompts of `contexts` tokens, now occupy these slots."""
 
     @abstractmethod
     def choose(self, batch: BatchView) -> int:
@@ -132,9 +132,9 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.plain_run, self.wait, self.plain_streak = 0, self.probe.first, 0
         self.correction = StepCostCorrection()
 
-    def admit(self, slots: list[int]) -> None:
+    def admit(self, slots: list[int], contexts: list[int]) -> None:
         if self.acceptance is not None:
-            self.acceptance.reset(slots)
+            self.acceptance.reset(slots, contexts)
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
