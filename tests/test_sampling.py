@@ -202,3 +202,17 @@ def test_greedy_rows_get_one_hot_rows_beside_sampled_ones():
     torch.testing.assert_close(probs[1], torch.softmax(logits[1] / 0.5, -1))
     top2 = torch.softmax((logits[2] / 0.5).masked_fill(logits[2] < logits[2].topk(2).values[:, -1:], -torch.inf), -1)
     torch.testing.assert_close(probs[2], top2)
+
+
+def test_mul32_is_the_exact_product_mod_2_32():
+    """The hash's 32-bit multiply on int64 tensors, against Python's exact integers, at the edges and at random,
+    for multipliers below and above 2^31 (those are taken as c - 2^32 to stay clear of int64 overflow)."""
+    import random as stdlib_random
+
+    from trtllm_dflash.sampling import MASK32, _mul32
+
+    rng = stdlib_random.Random(0)
+    values = [0, 1, 2 ** 31 - 1, 2 ** 31, MASK32] + [rng.getrandbits(32) for _ in range(5000)]
+    x = torch.tensor(values, dtype=torch.long)
+    for c in (0x7FEB352D, 0x846CA68B, 1, 2 ** 31 - 1, 2 ** 31, MASK32):
+        assert _mul32(x, c).tolist() == [(v * c) & MASK32 for v in values]

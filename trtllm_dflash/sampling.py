@@ -115,8 +115,9 @@ def _filtered_probs(scaled: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
-    # (x * c) mod 2^32 for x in [0, 2^32) without leaving int64: the product split in 16-bit halves
-    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & MASK32
+    # (x * c) mod 2^32 for x in [0, 2^32) in two int64 ops and no overflow: a constant c >= 2^31 is replaced by
+    # c - 2^32, which is the same mod 2^32, so |x * c| < 2^63; & keeps the low 32 bits (two's complement)
+    return (x * (c - (1 << 32) if c >= 1 << 31 else c)) & MASK32
 
 
 def _mix32(x: torch.Tensor) -> torch.Tensor:
