@@ -24,8 +24,6 @@ from .sampling import FIRST, SamplingBatch, SamplingParams, sample, token_probs,
 from .speculative.accept import accept
 from .speculative.base import Proposer, StepBatch
 
-IDLE = SamplingParams()  # rows of free slots inside a step's slot range decode greedily, discarded
-
 
 @dataclass
 class Sequence:
@@ -49,6 +47,7 @@ class Slots:
     starts: torch.Tensor  # [S] long, committed length
     anchors: torch.Tensor  # [S] long
     steps: torch.Tensor  # [S] long: steps the slot's sequence has run (its random stream's counter)
+    sampling: SamplingBatch  # [S] each slot's sampling settings, written at admission; counters: `steps`
     running: dict[int, Sequence] = field(default_factory=dict)
 
     def free(self) -> list[int]:
@@ -88,7 +87,9 @@ class Generator:
         self.cache = self.target.new_cache(num_slots, capacity, block)
         self.proposer.allocate(num_slots, capacity)
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
-        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), zeros.clone()), block, capacity
+        steps = zeros.clone()
+        table = SamplingBatch.of([SamplingParams()] * num_slots, [0] * num_slots, steps)
+        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), steps, table), block, capacity
         self.policy.prepare(self)
 
     def validate(self, request: Request) -> None:
@@ -164,7 +165,9 @@ class Generator:
         hidden, features = self.target(ids.to(self.device), ctx)
         last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
         self.slots.steps[slots] = 0
-        first = self.first_tokens(self.target.logits(last[:, None]), self.sampling(sequences, self.slots.steps[slots]))
+        sampling = self.sampling(sequences, self.slots.steps[slots])
+        self.slots.sampling.write(slots, sampling)  # each step reads its rows' settings from there
+        first = self.first_tokens(self.target.logits(last[:, None]), sampling)
         if drafting:
             self.proposer.commit(slots, features, positions)
         self.slots.starts[slots] = lengths
@@ -174,9 +177,8 @@ class Generator:
         return first
 
     @staticmethod
-    def sampling(sequences: list[Sequence | None], counters: torch.Tensor) -> SamplingBatch:
-        params = [s.request.sampling if s else IDLE for s in sequences]
-        return SamplingBatch.of(params, [s.key if s else 0 for s in sequences], counters)
+    def sampling(sequences: list[Sequence], counters: torch.Tensor) -> SamplingBatch:
+        return SamplingBatch.of([s.request.sampling for s in sequences], [s.key for s in sequences], counters)
 
     @staticmethod
     def first_tokens(logits: torch.Tensor, sampling: SamplingBatch) -> torch.Tensor:
@@ -217,7 +219,8 @@ class Generator:
         where = slice(0, n) if index is None else index
         starts, anchors = self.slots.starts[where], self.slots.anchors[where]
         max_start = max(s.start for s in running)
-        batch = StepBatch(anchors, starts, max_start, self.sampling(running, self.slots.steps[where]), index)
+        sampling = self.slots.sampling.rows(where, [s.request.sampling for s in running])  # no host lists to copy
+        batch = StepBatch(anchors, starts, max_start, sampling, index)
         if k > 0:
             drafts, draft_probs = self.proposer.propose(batch, k)
         else:  # a plain step: the drafter does not run

@@ -78,10 +78,25 @@ class SamplingBatch:
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
             keys=torch.tensor(keys, dtype=torch.long, device=device),
             counters=counters,
-            all_greedy=all(p.greedy for p in params),
-            any_greedy=any(p.greedy for p in params),
-            filtered=any(p.filtered for p in params),
+            **cls.flags(params),
         )
+
+    @staticmethod
+    def flags(params: list[SamplingParams]) -> dict[str, bool]:
+        """The host flags of a batch of these settings."""
+        return {"all_greedy": all(p.greedy for p in params), "any_greedy": any(p.greedy for p in params),
+                "filtered": any(p.filtered for p in params)}
+
+    def rows(self, index, params: list[SamplingParams]) -> SamplingBatch:
+        """Rows `index` (a slice or a [B] long tensor) of this per-slot table, for requests of settings `params`
+        (their flags: known on the host)."""
+        return SamplingBatch(self.temperature[index], self.top_p[index], self.top_k[index], self.keys[index],
+                             self.counters[index], **self.flags(params))
+
+    def write(self, index: torch.Tensor, rows: SamplingBatch) -> None:
+        """Per-slot table: the settings of `rows` into slots `index` [B] (the counters are the table's own)."""
+        for name in ("temperature", "top_p", "top_k", "keys"):
+            getattr(self, name)[index] = getattr(rows, name)
 
 
 def token_probs(logits: torch.Tensor, sb: SamplingBatch) -> torch.Tensor:
