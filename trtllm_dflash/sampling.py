@@ -63,7 +63,7 @@ class SamplingBatch:
     temperature: torch.Tensor  # [B] fp32; 0 = greedy
     top_p: torch.Tensor  # [B] fp32
     top_k: torch.Tensor  # [B] long; 0 = off
-    keys: torch.Tensor  # [B] long, 32-bit random keys
+    keys: torch.Tensor  # [B] long, the requests' 32-bit random keys, hashed once (`of`): uniforms' first round
     counters: torch.Tensor  # [B] long, the rows' step counters (a stream of uniforms per step)
     all_greedy: bool
     any_greedy: bool
@@ -76,7 +76,7 @@ class SamplingBatch:
             temperature=torch.tensor([p.temperature for p in params], dtype=torch.float32, device=device),
             top_p=torch.tensor([p.top_p for p in params], dtype=torch.float32, device=device),
             top_k=torch.tensor([p.top_k for p in params], dtype=torch.long, device=device),
-            keys=torch.tensor(keys, dtype=torch.long, device=device),
+            keys=_mix32(torch.tensor(keys, dtype=torch.long, device=device)),
             counters=counters,
             **cls.flags(params),
         )
@@ -145,13 +145,12 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def uniforms(sb: SamplingBatch, purpose: int, t: int) -> torch.Tensor:
-    """[B, t] uniforms in [0, 1) (fp64, 48 random bits), row b from (keys[b], counters[b], purpose, lane)."""
-    lane = torch.arange(t, device=sb.keys.device)
-    h = _mix32(sb.keys)
-    h = _mix32(h ^ ((sb.counters * 4 + purpose) & MASK32))[:, None]
-    h = _mix32(h ^ lane)
-    low = _mix32(h ^ 0x9E3779B9)
-    return (h >> 8).double() * 2.0 ** -24 + (low >> 8).double() * 2.0 ** -48
+    """[B, t] uniforms in [0, 1) (fp64, 32 random bits: finer than float32's 24 that samplers commonly draw),
+    row b from (keys[b], counters[b], purpose, lane): two hash rounds, the step's then the lane's, about 25
+    small integer ops (every op counts: at batch 1 on a CPU they cost more than the softmax and the draw)."""
+    lane = torch.arange(purpose << 16, (purpose << 16) + t, device=sb.keys.device)  # purposes: disjoint lanes
+    h = _mix32(sb.keys ^ (sb.counters & MASK32))[:, None]
+    return _mix32(h ^ lane).double() * 2.0 ** -32
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
