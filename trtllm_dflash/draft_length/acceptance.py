@@ -11,9 +11,10 @@ request starts from the rates of its prompt's bucket: without that, every long r
 of short ones drafted on the short ones' rates until its own rejections taught it otherwise.
 Estimates are shrunk where evidence is thin: a slot's toward its bucket's rate; a bucket's counts get
 the other contexts' evidence scaled down to a few trials; a rate at position j is shrunk toward
-the rate at j - 1, position 1 toward `prior`. The rates the policy plans with are optimistic: `optimism` standard errors above the
-estimate (an upper confidence bound, as in bandit exploration). Without it one early rejection, or
-positions never reached because the drafts were short, would look like poor acceptance and keep
+the rate at j - 1, position 1 toward `prior`. The rates the policy plans with are optimistic:
+`optimism` standard errors above the estimate (an upper confidence bound, as in bandit exploration).
+Without it one early rejection, or positions never reached because the drafts were short, would
+look like poor acceptance and keep
 the policy from ever drafting deep enough to learn otherwise; with it thin evidence explores and
 ample evidence (at batch 1 about 1 / (1 - pooled_decay) steps) leaves a small bias. Host arrays
 only (numpy, [slots, positions]): the generator already has the accepted counts on the host.
@@ -34,7 +35,7 @@ class AcceptanceSettings:
     context_weight: float = 4.0  # at most this many trials of other contexts' evidence behind each bucket's rate
     pooled_decay: float = 0.95  # per step: the pooled counts' memory is about 1 / (1 - decay) steps
     slot_decay: float = 0.9  # per observation of that slot
-    optimism: float = 1.0  # standard errors added to each pooled rate (0: the plain posterior mean)
+    optimism: float = 1.0  # standard errors added to each rate the policy plans with (0: the plain posterior mean)
 
 
 CONTEXT_BASE = 256  # contexts below it share bucket 0; bucket i >= 1 holds [BASE * 2^(i-1), BASE * 2^i)
