@@ -70,7 +70,7 @@ class AcceptanceModel:
         k = min(draft_len, self.max_draft_len)
         rows = np.asarray(slots, dtype=int)
         buckets = context_buckets(self.context[rows])  # where each row stood when it drafted
-        self.context[rows] += np.minimum(np.asarray(accepted), max(k, 0)) + 1  # the tokens the step emitted
+        self.context[rows] += np.minimum(np.asarray(accepted), k) + 1  # the tokens the step emitted
         if k == 0 or not slots:
             return
         s = self.settings

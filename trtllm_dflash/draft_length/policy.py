@@ -163,8 +163,9 @@ class CostBasedDraftLen(DraftLenPolicy):
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself
             return
-        predicted = self.cost.step_seconds(rows, context, draft_len)  # [min(draft_len, measured max) + 1]
-        self.correction.observe(draft_len, seconds, float(predicted[-1]))
+        # the table `choose` reads for this batch size (one per size, not one per draft length)
+        predicted = self.cost.step_seconds(rows, context, self.acceptance.max_draft_len)
+        self.correction.observe(draft_len, seconds, float(predicted[min(draft_len, len(predicted) - 1)]))
 
     def drafts_for(self, batch: BatchView) -> bool:
         """Plain-only when plain steps have been best for PLAIN_ONLY_AFTER steps in a row and, with the
