@@ -13,9 +13,8 @@ N requests in flight, HTTP /generate, 128 new tokens, EOS ignored; 6 requests pe
 Output tokens/s = tokens / wall time of the point. Why 6: with equal output lengths, plain decoding
 admits and finishes each client's requests in lockstep waves, while DFlash's requests finish apart
 (acceptance differs), so a point's last wave ends in a tail where few requests run. The shorter the
-point, the more that tail weighs (the serving loop offline, built-in pair, concurrency 16: DFlash /
-plain 0.90 and 0.98 at 2 requests per client, 1.06 at 6): a property of the finite point, not of serving. The ratio DFlash / plain is taken per repeat (the two servers ran back to back)
-and reported as median, min and max over repeats. The engine's step cost is calibrated once before
+point, the more that tail weighs: a property of the finite point, not of serving. The ratio DFlash /
+plain is taken per repeat (the two servers ran back to back) and reported as median, min and max over repeats. The engine's step cost is calibrated once before
 the first server at the same thread count (OMP_NUM_THREADS for the servers), so both servers start
 alike. Mean draft length and the share of plain steps come from the server's counters.
 Writes benchmarks/results/serve_dflash_vs_plain.json and prints a table last.

@@ -2,9 +2,9 @@
 
 Calibration times steps back to back on an idle engine. A serving process steps between other work
 (tokenizing and answering requests, admissions, the server's own threads on the same cores), and
-its batches have free slots among running ones (the generator then gathers the running rows' cache):
-measured on the built-in pair served at concurrency 16, drafting steps ran 13-30 % over the
-calibrated grid and plain steps 0-20 %, so the policy drafted where drafting lost. The grid keeps the
+its batches have free slots among running ones (the generator then gathers the running rows' cache),
+which the grid never measured; in the serving loop on the built-in pair steps ran over the grid,
+drafting steps more than plain ones, so the policy drafted where drafting lost. The grid keeps the
 shape (how cost grows with batch, draft length and context); this keeps its level honest: one factor
 for plain steps (k = 0) and one for drafting steps (k > 0), each the decayed mean of log(measured /
 predicted) over the steps of its kind, shrunk toward 1 while evidence is thin and bounded so a
