@@ -168,6 +168,50 @@ def test_positions_past_the_draft_length_learn_nothing():
     assert before.shape == (K - 3,)
 
 
+def test_shrunk_rates_follow_the_position_by_position_recurrence():
+    """The chain's closed form against the definition, one position after another in Python floats: mean_j =
+    (accepted_j + w * mean_(j-1)) / (tried_j + w), mean_0 = prior; counts from nothing to thousands of trials."""
+    settings = AcceptanceSettings(prior=0.6, prior_weight=2.0)
+    model = AcceptanceModel(1, K, settings)
+    rng = np.random.default_rng(3)
+    for scale in (0.0, 1.0, 30.0, 3000.0):
+        tried = np.sort(rng.random(K) * scale)[::-1]
+        accepted = tried * rng.random(K)
+        previous, expected = 0.6, []
+        for t, a in zip(tried.tolist(), accepted.tolist()):
+            previous = (a + 2.0 * previous) / (t + 2.0)
+            expected.append(previous)
+        assert model.chain(tried, accepted, bound=False) == pytest.approx(expected, rel=1e-9)
+
+
+def test_rarely_reached_positions_get_no_more_optimism_than_position_one():
+    """alpha = 0.45 at every position, whole blocks drafted: position 1 is tried every step, position 5 about
+    once in 25. The bound planned with may exceed each mean by at most position 1's bonus; before that cap
+    positions 4-6 were planned near certain and the policy drafted where it lost."""
+    model = AcceptanceModel(1, K)
+    feed(model, [0], 0.45, steps=60)
+    mean, bound = model.bucket_rates(False)[0], model.bucket_rates(True)[0]
+    bonus = bound - mean
+    assert model.bucket_tried[0, 0] > 10 * model.bucket_tried[0, 4]  # deep positions are rarely reached
+    assert bonus[0] > 0 and np.all(bonus <= bonus[0] + 1e-12)
+    policy = prepared(linear_cost(plain=1.0, per_draft=0.02, draft_overhead=0.6))  # any k costs > 1.6 plain steps
+    feed(policy.acceptance, [0], 0.45, steps=60)  # truly: k=1 yields 1.45 tokens, k=15 at most 1.82 (< 1.9)
+    assert policy.choose(view([0])) == 0
+
+
+def test_bucket_rates_follow_every_drafting_step():
+    """The bucket rates are kept between drafting steps (plain steps do not change them); a drafting step's
+    evidence shows at once."""
+    model = AcceptanceModel(2, K)
+    feed(model, [0], 0.9, steps=20)
+    before = model.bucket_rates(True).copy()
+    model.observe([0, 1], 0, [0, 0])  # plain: no evidence
+    assert np.array_equal(model.bucket_rates(True), before)
+    feed(model, [1], 0.1, steps=5, seed=1)
+    assert model.bucket_rates(True)[0, 0] < before[0, 0] - 0.05
+    assert np.allclose(model.bucket_rates(True), model.estimate_bucket_rates(True))
+
+
 # -- the policy ----------------------------------------------------------------------------------
 
 def test_poor_acceptance_gives_plain_steps():

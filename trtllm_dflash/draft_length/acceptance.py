@@ -12,7 +12,8 @@ of short ones drafted on the short ones' rates until its own rejections taught i
 Estimates are shrunk where evidence is thin: a slot's toward its bucket's rate; a bucket's counts get
 the other contexts' evidence scaled down to a few trials; a rate at position j is shrunk toward
 the rate at j - 1, position 1 toward `prior`. The rates the policy plans with are optimistic:
-`optimism` standard errors above the estimate (an upper confidence bound, as in bandit exploration).
+`optimism` standard errors above the estimate (an upper confidence bound, as in bandit exploration;
+at a deep position no more than at position 1).
 Without it one early rejection, or positions never reached because the drafts were short, would
 look like poor acceptance and keep
 the policy from ever drafting deep enough to learn otherwise; with it thin evidence explores and
@@ -58,6 +59,9 @@ class AcceptanceModel:
         self.bucket_tried = np.zeros((CONTEXT_BUCKETS, max_draft_len))  # [C, K] per context bucket
         self.bucket_accepted = np.zeros((CONTEXT_BUCKETS, max_draft_len))
         self.context = np.zeros(num_slots)  # [S] each slot's committed length (tokens), kept by `observe`
+        # bucket_rates(bound) -> [C, K], until the pooled counts change: they change only on drafting steps, so
+        # a run of plain steps (where choosing is most of the host work per step) plans without the chain
+        self.bucket_cache: dict[bool, np.ndarray] = {}
 
     def reset(self, slots: list[int], contexts: list[int] | None = None) -> None:
         """New requests in these slots (prompts of `contexts` tokens) start from their context bucket's rates."""
@@ -73,6 +77,7 @@ class AcceptanceModel:
         self.context[rows] += np.minimum(np.asarray(accepted), k) + 1  # the tokens the step emitted
         if k == 0 or not slots:
             return
+        self.bucket_cache.clear()
         s = self.settings
         a = np.minimum(np.asarray(accepted), k)[:, None]  # [B, 1]
         position = np.arange(k)[None, :]  # [1, k]: 0-based, position j + 1
@@ -92,21 +97,36 @@ class AcceptanceModel:
     def chain(self, tried: np.ndarray, accepted: np.ndarray, bound: bool) -> np.ndarray:
         """[..., K] decayed counts -> rates: position j's mean shrunk toward position j - 1's (position 1's
         toward `prior`) by `prior_weight` pseudo-trials; bound: each an upper confidence bound, the shrunk
-        mean plus `optimism` standard errors of a rate seen on (trials + prior weight)."""
+        mean plus `optimism` standard errors of a rate seen on (trials + prior weight), at a deep position no
+        more than position 1's: a position reached rarely (a few trials) would otherwise get a bonus of up to
+        0.35 and look nearly certain, and a chain of such bonuses made drafting deep look worth it where
+        position 1 is well measured and poor (the built-in pair at 1024 tokens: alpha_1 about 0.45, yet
+        positions 4-6 planned at 0.85-1.0). A deep position matters only through position 1 (it is reached
+        only after position 1 is accepted), so its uncertainty should not drive exploration more."""
         s = self.settings
-        rates, previous = np.empty_like(tried), np.full(tried.shape[:-1], s.prior)
-        for j in range(self.max_draft_len):
-            seen = tried[..., j] + s.prior_weight
-            previous = (accepted[..., j] + s.prior_weight * previous) / seen
-            spread = s.optimism * np.sqrt(previous * (1.0 - previous) / seen) if bound else 0.0
-            rates[..., j] = np.minimum(1.0, previous + spread)
-        return rates
+        seen = tried + s.prior_weight  # [..., K]
+        # the shrinkage is the recurrence mean_j = c_j + d_j * mean_(j-1), mean_0 = prior; in closed form
+        # mean_j = D_j * (prior + sum_(i <= j) c_i / D_i) with D_j = d_1 * ... * d_j (float64: no underflow
+        # for K <= 15 even at thousands of trials per position)
+        c, d = accepted / seen, s.prior_weight / seen
+        shrink = np.cumprod(d, axis=-1)
+        mean = np.minimum(1.0, shrink * (s.prior + np.cumsum(c / shrink, axis=-1)))
+        if not bound:
+            return mean
+        spread = s.optimism * np.sqrt(np.maximum(mean * (1.0 - mean), 0.0) / seen)
+        return np.minimum(1.0, mean + np.minimum(spread, spread[..., :1]))
 
     def pooled_rates(self, bound: bool = False) -> np.ndarray:
         """[K] rates over all requests and contexts."""
         return self.chain(self.pooled_tried, self.pooled_accepted, bound)
 
     def bucket_rates(self, bound: bool = False) -> np.ndarray:
+        """[C, K] each context bucket's rates (see `estimate_bucket_rates`), kept until a drafting step."""
+        if bound not in self.bucket_cache:
+            self.bucket_cache[bound] = self.estimate_bucket_rates(bound)
+        return self.bucket_cache[bound]
+
+    def estimate_bucket_rates(self, bound: bool) -> np.ndarray:
         """[C, K] each context bucket's rates: its own counts, plus the other contexts' evidence scaled down
         to at most `context_weight` trials per position (a bucket with no evidence of its own starts near
         the other contexts' rates and leaves them after a few trials; with one bucket in use this is the
