@@ -286,3 +286,42 @@ def test_draft_length_zero_runs_the_ops_of_plain_decoding(pair, prompts):
     assert [r.output_ids for r in results] == [hf_greedy(oracle, p[:16], 12) for p in prompts[:2]]
     assert writes.slots == [] and len(captures) == 12 and set(captures) == {()}  # prefill + 11 plain steps
     assert {k for r in results for k in r.draft_lengths} == {0}
+
+
+class RecordingCommits:
+    """Wraps a proposer: the positions of every row each `commit` wrote, per slot."""
+
+    def __init__(self, proposer):
+        self.inner, self.commits = proposer, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def commit(self, slots, features, positions):
+        self.commits.append([(s, p) for s, row in zip(slots.tolist(), positions.tolist()) for p in row])
+        self.inner.commit(slots, features, positions)
+
+
+def test_a_drafting_step_writes_the_drafters_context_of_kept_tokens_only(pair, prompts):
+    """Each drafting step writes the drafter's context K/V of exactly the tokens the target kept (each row's
+    anchor and accepted drafts, at their positions), not of the whole block; output stays the target's."""
+    from transformers import AutoModelForCausalLM
+
+    gen = load_pipeline(*pair).generator
+    gen.proposer = record = RecordingCommits(gen.proposer)
+    cut = [p[:12 + 7 * i] for i, p in enumerate(prompts[:2])]
+    results = gen.generate([Request(tuple(p), 40, ignore_eos=True) for p in cut])
+    oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+    assert [r.output_ids for r in results] == [hf_greedy(oracle, p, 40) for p in cut]
+    steps = record.commits[1:]  # the first is the prefill's (every prompt position)
+    assert len(steps) == max(len(r.acceptance_lengths) for r in results)
+    for slot, (prompt, result) in enumerate(zip(cut, results)):
+        start = len(prompt)  # the anchor's position: the first output token sits there
+        last = len(result.acceptance_lengths) - 1
+        for i, kept in enumerate(result.acceptance_lengths):
+            written = sorted(p for s, p in steps[i] if s == slot)
+            # the last step may accept past max_new_tokens: the output keeps fewer than the target accepted
+            assert written == list(range(start, start + kept)) if i < last else written[:kept] == list(
+                range(start, start + kept))
+            start += kept
+    assert any(len(rows) < 2 * gen.block for rows in steps)  # drafts were rejected: fewer rows than the blocks

@@ -238,14 +238,14 @@ class Generator:
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling)
         if commit is None:
             self.target.commit(self.cache, ctx.slots, num_accepted + 1, tokens.shape[1])
-        if k > 0:
-            self.proposer.commit(ctx.slots, features, positions)
-        elif capture:
+        if k == 0 and capture:
             self.defer_drafting_rows(running, ctx.slots, features, positions)
         self.slots.starts[where] = starts + num_accepted + 1
         self.slots.anchors[where] = bonus
         self.slots.steps[where] += 1
         drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
+        if k > 0:
+            self.commit_kept(ctx.slots, features, positions, num_accepted, sum(accepted) + n)
         now = time.perf_counter()
         self.policy.timed(n, max_start, k, now - began)
         self.policy.observe([s.slot for s in running], k, accepted)
@@ -257,6 +257,19 @@ class Generator:
             seq.result.draft_lengths.append(k)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
+
+    def commit_kept(self, slots, features, positions, num_accepted, kept: int) -> None:
+        """The drafter's context from a drafting step: only the tokens the target kept (each row's anchor and
+        accepted drafts, `kept` in all, counted on the host), as [N, 1] rows. The rest of the block was
+        rejected: its context K/V would be overwritten before any drafter pass read it, and computing them
+        cost the step (k + 1 tokens per row where about tau are kept)."""
+        b, t = positions.shape
+        if features is None or kept == b * t:
+            return self.proposer.commit(slots, features, positions)
+        keep = torch.arange(t, device=self.device)[None, :] <= num_accepted[:, None]  # [B, T]
+        index = torch.nonzero_static(keep.reshape(-1), size=kept)[:, 0]  # [N] row-major, no device sync
+        self.proposer.commit(slots.repeat_interleave(t)[index], features.reshape(b * t, 1, -1)[index],
+                             positions.reshape(-1, 1)[index])
 
     def defer_drafting_rows(self, rows: list[Sequence], slots, features, positions) -> None:
         """A plain step's drafter context for the rows that keep one (all rows when no plain-only request
