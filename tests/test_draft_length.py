@@ -226,6 +226,45 @@ def test_perfect_acceptance_and_flat_cost_give_the_whole_block():
     assert policy.choose(view([0])) == K
 
 
+def decode_alone(policy, slot: int, alpha: float, steps: int, seed: int = 0) -> list[int]:
+    """One request alone in `slot`, each draft accepted with probability alpha; -> the chosen draft lengths."""
+    rng, chosen = random.Random(seed), []
+    for _ in range(steps):
+        k = policy.choose(view([slot]))
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        policy.observe([slot], k, [accepted])
+        chosen.append(k)
+    return chosen
+
+
+def test_a_new_request_in_a_small_batch_gets_a_probe_of_its_own():
+    """Acceptance differs between requests far more than between estimates of one context's rates. After a
+    long hard request (the probes backed off past a request's length), a new one at concurrency 1 still
+    drafts at its first step, outside the back-off: an easy one then keeps drafting, a hard one decodes
+    plainly after its probe. Before, the new request waited out the back-off: a server whose first request
+    was hard decoded every later one plainly. A newcomer joining 8 running requests gets no probe of its
+    own."""
+    policy = prepared(linear_cost(plain=1.0, per_draft=0.05, draft_overhead=0.3))  # k = 15 costs 2.05 plain steps
+    assert decode_alone(policy, 0, 0.03, steps=300).count(0) > 280
+    wait = policy.wait
+    assert wait >= 128
+    policy.admit([2], [100])
+    hard = decode_alone(policy, 2, 0.02, steps=40, seed=2)
+    assert hard[0] > 0 and sum(k > 0 for k in hard[1:]) <= 1 and policy.wait == wait  # probes, then plain
+    policy.admit([1], [100])
+    assert policy.drafts_for(view([1])) is True  # it keeps the drafter's context for its probe
+    easy = decode_alone(policy, 1, 0.9, steps=20, seed=1)
+    assert easy[0] > 0 and easy.count(0) <= 2  # probes at once, then drafts on its own evidence
+    crowd = prepared(linear_cost(plain=1.0, per_draft=0.05, draft_overhead=0.3))
+    feed(crowd.acceptance, list(range(8)), 0.03, steps=100)
+    for _ in range(PLAIN_ONLY_AFTER):
+        assert crowd.choose(view(range(8))) == 0
+    crowd.admit([8], [100])
+    assert crowd.drafts_for(view(range(9))) is False and crowd.choose(view(range(9))) == 0
+
+
 def test_admission_is_plain_only_where_no_draft_length_beats_a_plain_step():
     """drafts_for: at batch 1 drafting pays (flat cost); at batch 16, where every draft costs per row, the
     optimistic estimate still loses to plain steps, so newcomers skip the drafter's context."""

@@ -100,10 +100,18 @@ PLAIN_ONLY_AFTER = 16  # plain-best steps in a row before newcomers are admitted
 @dataclass(frozen=True)
 class ProbeSettings:
     """After `first` plain steps in a row a drafting step is tried; each probe that does not make
-    drafting win doubles the wait, up to `longest` steps (the cost of probing shrinks with it)."""
+    drafting win doubles the wait, up to `longest` steps (the cost of probing shrinks with it).
+    A request admitted into a batch of at most `newcomer_batch` requests (it included) gets a probe
+    of its own at its first step, outside that back-off: acceptance differs far more between requests
+    than between estimates of one context's rates (the built-in pair's held-out snippets range from
+    nearly every draft rejected to most of the block accepted), so after a hard request a backed-off
+    wait would keep an easy one from ever drafting (seen: a server whose first request was hard decoded
+    every later one plainly). One drafting step per request costs a small batch little; a large one
+    would pay it for every row at every admission, and its rows' own drafting steps teach it anyway."""
 
     first: int = 16
     longest: int = 1024
+    newcomer_batch: int = 4
 
 
 class CostBasedDraftLen(DraftLenPolicy):
@@ -119,6 +127,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.plain_run, self.wait = 0, probe.first
         self.last_rates: np.ndarray | None = None  # expected tokens/s per k at the last choice
         self.plain_streak = 0  # steps in a row whose best draft length was 0 (probes do not break it)
+        self.newcomer = False  # a request was admitted into a small batch: its first step probes
         self.correction = StepCostCorrection()
 
     def prepare(self, generator) -> None:
@@ -129,12 +138,13 @@ class CostBasedDraftLen(DraftLenPolicy):
                 raise ValueError("CostBasedDraftLen needs a cost model covering the batch, or a calibrator")
             self.cost = self.calibrator(generator)
         self.acceptance = AcceptanceModel(slots, max_draft_len, self.acceptance_settings)
-        self.plain_run, self.wait, self.plain_streak = 0, self.probe.first, 0
+        self.plain_run, self.wait, self.plain_streak, self.newcomer = 0, self.probe.first, 0, False
         self.correction = StepCostCorrection()
 
     def admit(self, slots: list[int], contexts: list[int]) -> None:
         if self.acceptance is not None:
             self.acceptance.reset(slots, contexts)
+            self.newcomer = True  # `choose` and `drafts_for` see the batch size
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
@@ -146,13 +156,20 @@ class CostBasedDraftLen(DraftLenPolicy):
         rates = self.last_rates = self.expected_rates(batch)
         best = int(np.argmax(rates))  # the first maximum: ties go to the shorter draft
         self.plain_streak = 0 if best > 0 else self.plain_streak + 1
+        newcomer, self.newcomer = self.newcomer_probe(batch), False
         if best > 0 or len(rates) == 1 or max(batch.remaining) < 2:
             self.plain_run, self.wait = 0, self.probe.first
             return best
+        if newcomer:  # its own probe: the back-off stays as it is
+            return 1 + int(np.argmax(rates[1:]))
         if self.plain_run + 1 < self.wait:  # this would be plain step plain_run + 1 in a row
             return 0
         self.wait = min(2 * self.wait, self.probe.longest)
         return 1 + int(np.argmax(rates[1:]))  # the least bad drafting step: evidence for the estimates
+
+    def newcomer_probe(self, batch: BatchView) -> bool:
+        """A request joined a batch small enough to probe for it (see ProbeSettings)."""
+        return self.newcomer and len(batch.slots) <= self.probe.newcomer_batch
 
     def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
         # every step counts toward the next probe, also the plain ones forced by plain-only requests
@@ -176,8 +193,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         1, whose every request arrives alone, would never draft again after one failed probe)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
-        if self.plain_run + 1 >= self.wait:  # a probe is due: it can only run once every running request drafts
-            return True
+        if self.plain_run + 1 >= self.wait or self.newcomer_probe(batch):  # a probe is due: it can only run once
+            return True  # every running request drafts
         return self.plain_streak < PLAIN_ONLY_AFTER or int(np.argmax(self.expected_rates(batch))) > 0
 
     def describe(self) -> dict:
