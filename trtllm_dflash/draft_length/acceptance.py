@@ -62,22 +62,27 @@ class AcceptanceModel:
         # bucket_rates(bound) -> [C, K], until the pooled counts change: they change only on drafting steps, so
         # a run of plain steps (where choosing is most of the host work per step) plans without the chain
         self.bucket_cache: dict[bool, np.ndarray] = {}
+        self.version = 0  # bumped whenever any count changes (a drafting step, an admission)
+        self.tokens_cache: tuple = ((), None)  # (key, expected_tokens) of the last call
 
     def reset(self, slots: list[int], contexts: list[int] | None = None) -> None:
         """New requests in these slots (prompts of `contexts` tokens) start from their context bucket's rates."""
         self.tried[slots] = 0
         self.accepted[slots] = 0
         self.context[slots] = 0 if contexts is None else contexts
+        self.version += 1
 
     def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
         """One verified step: `draft_len` drafts per row, accepted[i] of them accepted by row slots[i]."""
         k = min(draft_len, self.max_draft_len)
+        if k == 0 or not slots:  # a plain step: one token each, no evidence (the common case: kept cheap)
+            self.context[slots] += 1
+            return
         rows = np.asarray(slots, dtype=int)
         buckets = context_buckets(self.context[rows])  # where each row stood when it drafted
         self.context[rows] += np.minimum(np.asarray(accepted), k) + 1  # the tokens the step emitted
-        if k == 0 or not slots:
-            return
         self.bucket_cache.clear()
+        self.version += 1
         s = self.settings
         a = np.minimum(np.asarray(accepted), k)[:, None]  # [B, 1]
         position = np.arange(k)[None, :]  # [1, k]: 0-based, position j + 1
@@ -145,7 +150,17 @@ class AcceptanceModel:
 
     def expected_tokens(self, slots: list[int], remaining: list[int]) -> np.ndarray:
         """[B, K + 1]: expected tokens each request emits at draft length 0..K (the target's own token
-        included), counting none past its remaining budget (tokens beyond max_new_tokens are wasted)."""
+        included), counting none past its remaining budget (tokens beyond max_new_tokens are wasted).
+        Kept while nothing it depends on changes (in a run of plain steps: the same requests, no new
+        evidence, the same context buckets), so a plain run does not recompute it every step."""
+        buckets = context_buckets(self.context[slots])
+        key = (tuple(slots), tuple(min(r, self.max_draft_len + 1) for r in remaining), tuple(buckets.tolist()),
+               self.version)
+        if self.tokens_cache[0] != key:
+            self.tokens_cache = (key, self.estimate_tokens(slots, remaining))
+        return self.tokens_cache[1]
+
+    def estimate_tokens(self, slots: list[int], remaining: list[int]) -> np.ndarray:
         # [B, K]: P(at least j + 1 drafts accepted), planned with the optimistic rates (they explore)
         survive = np.cumprod(self.rates(slots, bound=True), axis=1)
         useful = np.arange(self.max_draft_len)[None, :] < (np.asarray(remaining)[:, None] - 1)

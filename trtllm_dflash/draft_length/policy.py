@@ -95,6 +95,12 @@ class ScheduledDraftLen(DraftLenPolicy):
 
 
 PLAIN_ONLY_AFTER = 16  # plain-best steps in a row before newcomers are admitted plain-only
+# A plain choice is kept for this many steps while the batch and the acceptance evidence stay the same: only
+# its context and the live cost factors drift then, slowly. The host work of choosing, small alone (about 15
+# us), runs several times slower between steps (the step has just evicted it from the caches) and was a few
+# percent of a plain step of the built-in pair.
+PLAIN_KEPT_STEPS = 8
+CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the policy reads
 
 
 @dataclass(frozen=True)
@@ -129,6 +135,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.plain_streak = 0  # steps in a row whose best draft length was 0 (probes do not break it)
         self.newcomer = False  # a request was admitted into a small batch: its first step probes
         self.correction = StepCostCorrection()
+        self.table: tuple = ((), None)  # (key, step_table) of the last call
+        self.kept, self.kept_key = 0, None  # steps a plain choice is still kept, for which batch and evidence
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = len(generator.slots.starts), generator.block - 1
@@ -140,6 +148,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.acceptance = AcceptanceModel(slots, max_draft_len, self.acceptance_settings)
         self.plain_run, self.wait, self.plain_streak, self.newcomer = 0, self.probe.first, 0, False
         self.correction = StepCostCorrection()
+        self.table = ((), None)  # the cost model may be new
+        self.kept, self.kept_key = 0, None
 
     def admit(self, slots: list[int], contexts: list[int]) -> None:
         if self.acceptance is not None:
@@ -148,24 +158,35 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
-        seconds = self.correction.apply(self.cost.step_seconds(len(batch.slots), batch.context, batch.max_draft_len))
+        seconds = self.correction.apply(self.step_table(len(batch.slots), batch.context, batch.max_draft_len))
         tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining).sum(0)[: len(seconds)]
         return tokens / seconds
 
     def choose(self, batch: BatchView) -> int:
-        rates = self.last_rates = self.expected_rates(batch)
-        best = int(np.argmax(rates))  # the first maximum: ties go to the shorter draft
+        best = self.best(batch)
         self.plain_streak = 0 if best > 0 else self.plain_streak + 1
         newcomer, self.newcomer = self.newcomer_probe(batch), False
-        if best > 0 or len(rates) == 1 or max(batch.remaining) < 2:
+        if best > 0 or batch.max_draft_len == 0 or max(batch.remaining) < 2:
             self.plain_run, self.wait = 0, self.probe.first
             return best
-        if newcomer:  # its own probe: the back-off stays as it is
-            return 1 + int(np.argmax(rates[1:]))
-        if self.plain_run + 1 < self.wait:  # this would be plain step plain_run + 1 in a row
+        if not newcomer and self.plain_run + 1 < self.wait:  # this would be plain step plain_run + 1 in a row
             return 0
-        self.wait = min(2 * self.wait, self.probe.longest)
+        if not newcomer:  # a newcomer's own probe leaves the back-off as it is
+            self.wait = min(2 * self.wait, self.probe.longest)
+        rates = self.last_rates = self.expected_rates(batch)
         return 1 + int(np.argmax(rates[1:]))  # the least bad drafting step: evidence for the estimates
+
+    def best(self, batch: BatchView) -> int:
+        """argmax over k of the expected rate; a plain choice kept PLAIN_KEPT_STEPS steps while the batch
+        and the evidence stay the same."""
+        key = (tuple(batch.slots), self.acceptance.version)
+        if self.kept > 0 and key == self.kept_key:
+            self.kept -= 1
+            return 0
+        rates = self.last_rates = self.expected_rates(batch)
+        best = int(np.argmax(rates))  # the first maximum: ties go to the shorter draft
+        self.kept, self.kept_key = (PLAIN_KEPT_STEPS - 1, key) if best == 0 else (0, None)
+        return best
 
     def newcomer_probe(self, batch: BatchView) -> bool:
         """A request joined a batch small enough to probe for it (see ProbeSettings)."""
@@ -180,9 +201,18 @@ class CostBasedDraftLen(DraftLenPolicy):
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself
             return
-        # the table `choose` reads for this batch size (one per size, not one per draft length)
-        predicted = self.cost.step_seconds(rows, context, self.acceptance.max_draft_len)
+        # the table `choose` read for this step (one per batch size, not one per draft length)
+        predicted = self.step_table(rows, context, self.acceptance.max_draft_len)
         self.correction.observe(draft_len, seconds, float(predicted[min(draft_len, len(predicted) - 1)]))
+
+    def step_table(self, rows: int, context: int, max_draft_len: int) -> np.ndarray:
+        """[K + 1] calibrated seconds at draft length 0..K, at the context rounded down to CONTEXT_STEP tokens
+        (a step's cost moves by well under 1 % in that span); the last one kept, so `timed` and the steps of
+        a plain run mostly read it instead of interpolating the grid again."""
+        key = (rows, context - context % CONTEXT_STEP, max_draft_len)
+        if self.table[0] != key:
+            self.table = (key, self.cost.step_seconds(*key))
+        return self.table[1]
 
     def drafts_for(self, batch: BatchView) -> bool:
         """Plain-only when plain steps have been best for PLAIN_ONLY_AFTER steps in a row and, with the
