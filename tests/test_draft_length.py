@@ -242,17 +242,16 @@ def decode_alone(policy, slot: int, alpha: float, steps: int, seed: int = 0) -> 
 def test_a_new_request_in_a_small_batch_gets_a_probe_of_its_own():
     """Acceptance differs between requests far more than between estimates of one context's rates. After a
     long hard request (the probes backed off past a request's length), a new one at concurrency 1 still
-    drafts at its first step, outside the back-off: an easy one then keeps drafting, a hard one decodes
-    plainly after its probe. Before, the new request waited out the back-off: a server whose first request
+    drafts at its first step and restarts the back-off: an easy one then keeps drafting, a hard one decodes
+    plainly between its probes. Before, the new request waited out the back-off: a server whose first request
     was hard decoded every later one plainly. A newcomer joining 8 running requests gets no probe of its
     own."""
     policy = prepared(linear_cost(plain=1.0, per_draft=0.05, draft_overhead=0.3))  # k = 15 costs 2.05 plain steps
     assert decode_alone(policy, 0, 0.03, steps=300).count(0) > 280
-    wait = policy.wait
-    assert wait >= 128
+    assert policy.wait >= 128  # the back-off is past a request's length
     policy.admit([2], [100])
     hard = decode_alone(policy, 2, 0.02, steps=40, seed=2)
-    assert hard[0] > 0 and sum(k > 0 for k in hard[1:]) <= 1 and policy.wait == wait  # probes, then plain
+    assert hard[0] > 0 and sum(k > 0 for k in hard[1:]) <= 2  # probes, then plain (probes after 16, 32 ...)
     policy.admit([1], [100])
     assert policy.drafts_for(view([1])) is True  # it keeps the drafter's context for its probe
     easy = decode_alone(policy, 1, 0.9, steps=20, seed=1)
@@ -263,6 +262,17 @@ def test_a_new_request_in_a_small_batch_gets_a_probe_of_its_own():
         assert crowd.choose(view(range(8))) == 0
     crowd.admit([8], [100])
     assert crowd.drafts_for(view(range(9))) is False and crowd.choose(view(range(9))) == 0
+
+
+def test_a_request_ending_does_not_restart_the_probe_back_off():
+    """At concurrency 1 every request's last step has nothing to draft (one token left). That step used to
+    restart the probes' back-off, so every request paid probes after 16, 32 and 64 plain steps where
+    drafting had failed for long."""
+    policy = prepared(linear_cost(plain=1.0, per_draft=0.05, draft_overhead=0.3))
+    assert decode_alone(policy, 0, 0.02, steps=300).count(0) > 290
+    wait = policy.wait
+    assert wait >= 128
+    assert policy.choose(view([0], remaining=[1])) == 0 and policy.wait == wait
 
 
 def test_admission_is_plain_only_where_no_draft_length_beats_a_plain_step():

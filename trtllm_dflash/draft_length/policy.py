@@ -107,13 +107,15 @@ CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the 
 class ProbeSettings:
     """After `first` plain steps in a row a drafting step is tried; each probe that does not make
     drafting win doubles the wait, up to `longest` steps (the cost of probing shrinks with it).
-    A request admitted into a batch of at most `newcomer_batch` requests (it included) gets a probe
-    of its own at its first step, outside that back-off: acceptance differs far more between requests
-    than between estimates of one context's rates (the built-in pair's held-out snippets range from
-    nearly every draft rejected to most of the block accepted), so after a hard request a backed-off
-    wait would keep an easy one from ever drafting (seen: a server whose first request was hard decoded
-    every later one plainly). One drafting step per request costs a small batch little; a large one
-    would pay it for every row at every admission, and its rows' own drafting steps teach it anyway."""
+    A request admitted into a batch of at most `newcomer_batch` requests (it included) probes at its
+    first step and restarts the back-off (probes after 16, 32, ... plain steps again): acceptance differs
+    far more between requests than between estimates of one context's rates (the built-in pair's
+    held-out snippets range from nearly every draft rejected to most of the block accepted), so after a
+    hard request a backed-off wait would keep an easy one from ever drafting (seen: a server whose first
+    request was hard decoded every later one plainly), and one probe is not enough (the built-in
+    drafter's first draft is a coin flip). A few small drafting steps per request cost a small batch
+    little; a large one would pay them for every row at every admission, and its rows' own drafting
+    steps teach it anyway."""
 
     first: int = 16
     longest: int = 1024
@@ -166,12 +168,16 @@ class CostBasedDraftLen(DraftLenPolicy):
         best = self.best(batch)
         self.plain_streak = 0 if best > 0 else self.plain_streak + 1
         newcomer, self.newcomer = self.newcomer_probe(batch), False
-        if best > 0 or batch.max_draft_len == 0 or max(batch.remaining) < 2:
-            self.plain_run, self.wait = 0, self.probe.first
+        if best > 0:  # drafting pays: probes start over from the first wait once it stops paying
+            self.wait = self.probe.first
             return best
-        if not newcomer and self.plain_run + 1 < self.wait:  # this would be plain step plain_run + 1 in a row
+        if batch.max_draft_len == 0 or max(batch.remaining) < 2:  # nothing to draft: no probe, the back-off stays
             return 0
-        if not newcomer:  # a newcomer's own probe leaves the back-off as it is
+        if newcomer:  # probes now, and its probes start over from the first wait
+            self.wait = self.probe.first
+        elif self.plain_run + 1 < self.wait:  # this would be plain step plain_run + 1 in a row
+            return 0
+        else:
             self.wait = min(2 * self.wait, self.probe.longest)
         rates = self.last_rates = self.expected_rates(batch)
         return 1 + int(np.argmax(rates[1:]))  # the least bad drafting step: evidence for the estimates
