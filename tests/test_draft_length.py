@@ -158,6 +158,38 @@ def test_a_new_request_starts_from_its_context_buckets_rates():
     assert long < pooled < short  # the mixture would have misled both
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_long_requests_after_short_ones_do_not_plan_on_the_short_ones_deep_acceptance(seed):
+    """Short prompts accept 0.9 at every position; 1024-token ones 0.3 at position 1, 0.4 at 2, 0.5 after
+    (the built-in pair's shape at 1024 tokens, rounded). There every draft length loses to a plain step. The
+    long prompts' deep positions are rarely reached, so while they borrowed the short prompts' evidence they
+    were planned near 0.9 and the whole block was drafted step after step (0.93-0.96 of plain's rate over
+    these seeds with that code); now they chain from the long bucket's own evidence."""
+    cost = linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5)
+    seconds = cost.step_seconds(1, 1024, K)
+    long = [0.3, 0.4] + [0.5] * (K - 2)
+    policy, rng = prepared(cost), random.Random(seed)
+
+    def serve(context: int, alphas: list[float], steps: int) -> tuple[int, float]:
+        policy.admit([0], [context])
+        tokens, elapsed = 0, 0.0
+        for _ in range(steps):
+            k, n = policy.choose(view([0], context)), 0
+            while n < k and rng.random() < alphas[n]:
+                n += 1
+            policy.observe([0], k, [n])
+            policy.acceptance.context[0] = context  # the request stays in its context bucket
+            tokens, elapsed = tokens + n + 1, elapsed + seconds[k]
+        return tokens, elapsed
+
+    for _ in range(3):
+        serve(100, [0.9] * K, 60)
+    tokens, elapsed = map(sum, zip(*(serve(1024, long, 128) for _ in range(4))))
+    fixed = [position_tokens(long, k) / seconds[k] for k in range(K + 1)]
+    assert int(np.argmax(fixed)) == 0  # truly no draft length pays at the long context
+    assert tokens / elapsed >= 0.965 * fixed[0]  # the rest: probes (each new request's first step)
+
+
 def test_positions_past_the_draft_length_learn_nothing():
     model = AcceptanceModel(1, K)
     before = model.rates([0])[0, 3:].copy()
