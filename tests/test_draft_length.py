@@ -164,7 +164,8 @@ def test_long_requests_after_short_ones_do_not_plan_on_the_short_ones_deep_accep
     (the built-in pair's shape at 1024 tokens, rounded). There every draft length loses to a plain step. The
     long prompts' deep positions are rarely reached, so while they borrowed the short prompts' evidence they
     were planned near 0.9 and the whole block was drafted step after step (0.93-0.96 of plain's rate over
-    these seeds with that code); now they chain from the long bucket's own evidence."""
+    these seeds with that code); now the borrowed deep acceptances are scaled by the long prompts' alpha_1
+    relative to the short ones'."""
     cost = linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5)
     seconds = cost.step_seconds(1, 1024, K)
     long = [0.3, 0.4] + [0.5] * (K - 2)
@@ -188,6 +189,30 @@ def test_long_requests_after_short_ones_do_not_plan_on_the_short_ones_deep_accep
     fixed = [position_tokens(long, k) / seconds[k] for k in range(K + 1)]
     assert int(np.argmax(fixed)) == 0  # truly no draft length pays at the long context
     assert tokens / elapsed >= 0.965 * fixed[0]  # the rest: probes (each new request's first step)
+
+
+def test_a_context_bucket_borrows_deep_rates_in_proportion_to_its_first():
+    """Short prompts: alpha_1 0.6, deeper positions 0.9, well measured. A bucket whose own first drafts accept
+    as often keeps the short prompts' deep rates (a request crossing into it at unchanged acceptance plans as
+    before); one whose first drafts accept half as often borrows them halved, not at face value."""
+    model = AcceptanceModel(1, K)
+    rng = random.Random(0)
+    alphas = [0.6] + [0.9] * (K - 1)
+    for _ in range(400):
+        n = 0
+        while n < K and rng.random() < alphas[n]:
+            n += 1
+        model.context[0] = 100
+        model.observe([0], K, [n])
+    short = model.bucket_rates()[0]
+    for context, accepted in ((300, [1, 0, 1, 1, 0]), (1024, [1, 0, 0, 0, 0, 1, 0, 0, 0, 0])):
+        for a in accepted:  # position 1 only: accepted 1 means position 2 was reached and rejected
+            model.context[0] = context
+            model.observe([0], K, [a])
+    rates = model.bucket_rates()
+    assert short[0] == pytest.approx(0.6, abs=0.15) and np.all(short[1:4] > 0.8)
+    assert rates[1, 3:] == pytest.approx(short[3:], abs=0.05)  # alpha_1 about the same: deep rates kept
+    assert rates[3, 0] < 0.45 and np.all(rates[3, 3:] < 0.65)  # alpha_1 halved: deep rates about halved
 
 
 def test_positions_past_the_draft_length_learn_nothing():

@@ -9,9 +9,10 @@ on the context length (the built-in pair accepts far less at 1024 tokens than at
 counts are kept per context bucket as well (below 256 tokens, then one per doubling), and a new
 request starts from the rates of its prompt's bucket: without that, every long request after a run
 of short ones drafted on the short ones' rates until its own rejections taught it otherwise.
-Estimates are shrunk where evidence is thin: a slot's toward its bucket's rate; a bucket's position 1
-gets the other contexts' evidence scaled down to a few trials; a rate at position j is shrunk toward
-the rate at j - 1, position 1 toward `prior`. The rates the policy plans with are optimistic:
+Estimates are shrunk where evidence is thin: a slot's toward its bucket's rate; a bucket's counts get
+the other contexts' evidence scaled down to a few trials (deep positions' acceptances scaled by the
+bucket's alpha_1 relative to theirs); a rate at position j is shrunk toward the rate at j - 1,
+position 1 toward `prior`. The rates the policy plans with are optimistic:
 `optimism` standard errors above the estimate (an upper confidence bound, as in bandit exploration;
 at a deep position no more than at position 1).
 Without it one early rejection, or positions never reached because the drafts were short, would
@@ -33,7 +34,7 @@ class AcceptanceSettings:
     prior: float = 0.5  # alpha_1 before any evidence
     prior_weight: float = 2.0  # pseudo-observations behind each pooled rate's prior
     slot_weight: float = 4.0  # pseudo-observations of the slot's context bucket's rate behind each slot's rate
-    context_weight: float = 4.0  # at most this many trials of other contexts' evidence behind each bucket's alpha_1
+    context_weight: float = 4.0  # at most this many trials of other contexts' evidence behind each bucket's rate
     pooled_decay: float = 0.95  # per step: the pooled counts' memory is about 1 / (1 - decay) steps
     slot_decay: float = 0.9  # per observation of that slot
     optimism: float = 1.0  # standard errors added to each rate the policy plans with (0: the plain posterior mean)
@@ -132,22 +133,27 @@ class AcceptanceModel:
         return self.bucket_cache[bound]
 
     def estimate_bucket_rates(self, bound: bool) -> np.ndarray:
-        """[C, K] each context bucket's rates: its own counts, plus at position 1 the other contexts' evidence
-        scaled down to at most `context_weight` trials (a bucket with no evidence of its own starts near the
-        other contexts' alpha_1 and leaves it after a few trials; with one bucket in use this is the pooled
-        estimate exactly). Deeper positions take no other context's evidence: they are shrunk toward the
-        bucket's own position j - 1 (`chain`). A deep position is reached only after the drafts before it
-        were accepted, so at a context where position 1 is poor it stays thin for long, and borrowed counts
-        kept it at the other contexts' rate: on the built-in pair, after short prompts (deep rates about 0.9)
-        the first 1024-token requests (alpha_1 about 0.3, alpha_2 about 0.4) planned deep positions near 0.9
-        and drafted the whole block for tens of steps (about 1.8 tokens for 2.6 plain steps' time each), which
-        cost that point about 7 % against plain decoding in a scratch trace of the served loop."""
-        others_tried = np.maximum(self.pooled_tried[None] - self.bucket_tried, 0.0)
+        """[C, K] each context bucket's rates: its own counts, plus the other contexts' evidence scaled down
+        to at most `context_weight` trials per position (a bucket with no evidence of its own starts near
+        the other contexts' rates and leaves them after a few trials; with one bucket in use this is the
+        pooled estimate exactly). At deeper positions the borrowed acceptances are scaled by how the bucket's
+        alpha_1 compares with the other contexts' (at most 1): a deep position is reached only after the
+        drafts before it were accepted, so where position 1 is poor it stays thin for long, and borrowed at
+        face value it kept the other contexts' rate. On the built-in pair, after short prompts (deep rates
+        about 0.9) the first 1024-token requests (alpha_1 about 0.3, alpha_2 about 0.4) planned deep positions
+        near 0.9 and drafted the whole block for tens of steps (about 1.8 tokens for 2.6 plain steps' time
+        each), about 7 % of that point's time in a scratch trace of the served loop. Dropping the borrowed
+        deep evidence instead fixed that but cost requests that cross into a new bucket at an unchanged
+        acceptance (their deep positions then chained from alpha_1 alone)."""
+        others_tried = np.maximum(self.pooled_tried[None] - self.bucket_tried, 0.0)  # [C, K]
         others_accepted = np.clip(self.pooled_accepted[None] - self.bucket_accepted, 0.0, others_tried)
         scale = np.minimum(1.0, self.settings.context_weight / np.maximum(others_tried, 1e-9))
-        scale[:, 1:] = 0.0  # position 1 only: deeper positions chain from the bucket's own (see the docstring)
-        return self.chain(self.bucket_tried + scale * others_tried, self.bucket_accepted + scale * others_accepted,
-                          bound)
+        tried, accepted = self.bucket_tried + scale * others_tried, self.bucket_accepted + scale * others_accepted
+        own_first = self.chain(tried[:, :1], accepted[:, :1], bound=False)[:, 0]  # [C] with the borrowed trials
+        their_first = self.chain(others_tried[:, :1], others_accepted[:, :1], bound=False)[:, 0]
+        relative = np.clip(own_first / np.maximum(their_first, 1e-9), 0.0, 1.0)[:, None]  # [C, 1]
+        accepted[:, 1:] = self.bucket_accepted[:, 1:] + relative * scale[:, 1:] * others_accepted[:, 1:]
+        return self.chain(tried, accepted, bound)
 
     def rates(self, slots: list[int], bound: bool = False) -> np.ndarray:
         """[B, K] each slot's conditional acceptance rates (shrunk toward its context bucket's, or their bound)."""
