@@ -332,6 +332,34 @@ def test_a_request_ending_does_not_restart_the_probe_back_off():
     assert policy.choose(view([0], remaining=[1])) == 0 and policy.wait == wait
 
 
+def test_running_requests_keep_the_drafter_context_until_a_second_probe_fails():
+    """Nothing accepted, drafting loses: a newcomer's probe (step 1) and the probe after the first plain run
+    both fail, and only then does the policy let the running requests drop the drafter's context; a request
+    whose drafting pays, or a due probe, keeps it."""
+    policy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
+    policy.admit([0], [100])
+    probes, dropped = [], None
+    for step in range(1, 41):
+        batch = view([0], 100 + step)
+        k = policy.choose(batch)
+        if k:
+            probes.append(step)
+        elif dropped is None and not policy.keeps_context(batch):
+            dropped = step
+        policy.observe([0], k, [0])
+    before = [step for step in probes if step < dropped]
+    assert before[0] == 1 and before[-1] > 16 and dropped == before[-1] + 1  # after the back-off's first probe
+    while policy.plain_run + 1 < policy.wait:  # plain steps until the next probe is due
+        policy.observe([0], 0, [0])
+    assert policy.keeps_context(view([0], 200))  # a due probe needs the context
+    easy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
+    easy.admit([0], [100])
+    for step in range(40):
+        k = easy.choose(view([0]))
+        assert k > 0 or easy.keeps_context(view([0]))
+        easy.observe([0], k, [k])
+
+
 def test_admission_is_plain_only_where_no_draft_length_beats_a_plain_step():
     """drafts_for: at batch 1 drafting pays (flat cost); at batch 16, where every draft costs per row, the
     optimistic estimate still loses to plain steps, so newcomers skip the drafter's context."""

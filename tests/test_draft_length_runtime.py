@@ -325,3 +325,76 @@ def test_a_drafting_step_writes_the_drafters_context_of_kept_tokens_only(pair, p
                 range(start, start + kept))
             start += kept
     assert any(len(rows) < 2 * gen.block for rows in steps)  # drafts were rejected: fewer rows than the blocks
+
+
+class DropsContextAfter(Scripted):
+    """Scripted draft lengths; `keeps_context` says no from its `after`-th call (a plain step's) on."""
+
+    def __init__(self, lengths, after: int):
+        super().__init__(lengths)
+        self.after, self.asked = after, 0
+
+    def keeps_context(self, batch):
+        self.asked += 1
+        return self.asked < self.after
+
+
+def capturing(gen) -> list:
+    """Record the capture layer ids of every target pass of `gen`."""
+    captures, forward = [], gen.target.forward
+
+    def recording(ids, ctx):
+        captures.append(ctx.capture_layer_ids)
+        return forward(ids, ctx)
+
+    gen.target.forward = recording
+    return captures
+
+
+def test_requests_that_stop_drafting_run_plain_decodings_ops_and_stay_exact(pair, prompts):
+    """At a plain step the policy's keeps_context says no: every running request becomes plain-only. From then on
+    no target features are captured, no drafter context is written and none is left deferred, no step drafts,
+    and the outputs are the target's."""
+    from transformers import AutoModelForCausalLM
+
+    gen = load_pipeline(*pair).generator
+    gen.proposer = writes = CountingWrites(gen.proposer)
+    gen.policy = DropsContextAfter([3, 0, 0, 2, 0], after=3)  # asked at steps 2, 3 and 5: no at step 5
+    captures = capturing(gen)
+    at_stop = []
+    stop = gen.stop_drafting
+    gen.stop_drafting = lambda running: (stop(running), at_stop.append((len(writes.slots), list(writes.inner.pending))))
+    requests = [Request(tuple(p[:16]), 24, ignore_eos=True) for p in prompts[:2]]
+    results = gen.generate(requests)
+    oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+    assert [r.output_ids for r in results] == [hf_greedy(oracle, p[:16], 24) for p in prompts[:2]]
+    assert at_stop == [(at_stop[0][0], [])] and len(writes.slots) == at_stop[0][0]  # nothing deferred, nothing after
+    assert all(r.draft_lengths[:5] == [3, 0, 0, 2, 0] and set(r.draft_lengths[5:]) == {0} for r in results)
+    # prefill and steps 1-4 capture; the stop comes before step 5 runs, so step 5 is plain decoding's already
+    assert all(ids for ids in captures[:5]) and set(captures[5:]) == {()} and len(captures) > 8
+
+
+def test_a_worker_rank_follows_the_stop_of_drafting(pair, prompts, monkeypatch):
+    """Tensor parallel: rank 0's generator sends the stop with the slots, and a worker replaying rank 0's messages
+    ends in the same state with the same output (its steps capture nothing from then on either)."""
+    from trtllm_dflash.serve import lockstep
+
+    sent = []
+    monkeypatch.setattr(lockstep, "broadcast", lambda message=None: sent.append(message))
+    spec = load_pipeline(*pair).generator
+    rank0 = lockstep.LockstepGenerator(spec.target, spec.proposer, spec.default_stop_ids)
+    rank0.policy = DropsContextAfter([2, 0], after=1)
+    request = Request(tuple(prompts[0][:16]), 12, ignore_eos=True)
+    rank0.allocate(2, 64, rank0.block)
+    seq = rank0.admit([request])[0]
+    while rank0.slots.running:
+        rank0.step()
+    assert ("stop_drafting", ([seq.slot],)) in sent and not seq.drafting
+    worker = load_pipeline(*pair).generator
+    captures = capturing(worker)
+    messages = iter(sent + [("stop", ())])
+    monkeypatch.setattr(lockstep, "broadcast", lambda message=None: next(messages))
+    lockstep.follow(worker)
+    assert len(captures) == len(seq.result.draft_lengths) + 1  # prefill and every step
+    assert all(ids for ids in captures[:2]) and set(captures[2:]) == {()}
+    assert seq.result.draft_lengths[:2] == [2, 0] and set(seq.result.draft_lengths[2:]) == {0}

@@ -195,10 +195,21 @@ class Generator:
 
     def draft_len(self, running: list[Sequence]) -> int:
         """The policy's draft length for the next step of `running` (0..block - 1); 0 while a plain-only
-        request runs (the drafter has no context for it)."""
-        if not all(s.drafting for s in running):
-            return 0
-        return max(0, min(self.policy.choose(self.batch_view(running)), self.block - 1))
+        request runs (the drafter has no context for it). Before a plain step, requests that keep the drafter's
+        context become plain-only when the policy no longer expects them to draft (`keeps_context`)."""
+        view = self.batch_view(running)
+        k = max(0, min(self.policy.choose(view), self.block - 1)) if all(s.drafting for s in running) else 0
+        if k == 0 and self.block > 1 and any(s.drafting for s in running) and not self.policy.keeps_context(view):
+            self.stop_drafting(running)
+        return k
+
+    def stop_drafting(self, running: list[Sequence]) -> None:
+        """Every running request becomes plain-only: its plain steps capture nothing and write no drafter
+        context (plain decoding's ops), and it cannot draft again. Deferred context writes are dropped: they
+        belong to these requests or to finished ones."""
+        for seq in running:
+            seq.drafting = False
+        self.proposer.discard()
 
     @torch.inference_mode()
     def step(self, draft_len: int | None = None) -> list[Sequence]:

@@ -49,6 +49,10 @@ class LockstepGenerator(Generator):
         broadcast(("step", (k,)))
         return super().step(k)
 
+    def stop_drafting(self, running: list[Sequence]) -> None:
+        broadcast(("stop_drafting", ([s.slot for s in running],)))
+        super().stop_drafting(running)
+
     def hold(self, sequences: list[Sequence], length: int) -> None:
         broadcast(("hold", ([s.slot for s in sequences], length)))
         super().hold(sequences, length)
@@ -79,6 +83,8 @@ def follow(generator: Generator) -> None:
             generator.admit(*args)
         elif op == "step":
             generator.step(*args)
+        elif op == "stop_drafting":
+            generator.stop_drafting([generator.slots.running[slot] for slot in args[0]])
         elif op == "hold":
             generator.hold([generator.slots.running[slot] for slot in args[0]], args[1])
         elif op == "cancel":

@@ -45,6 +45,9 @@ class Proposer(ABC):
         its next `propose` or `commit`, so every write still lands in the order the tokens ran."""
         self.commit(slots, features, positions)
 
+    def discard(self) -> None:
+        """Drop deferred `defer` writes: no running request will draft again (their context is never read)."""
+
     @abstractmethod
     def propose(self, batch: StepBatch, num_drafts: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> drafts [B, num_drafts] and their proposal probabilities [B, num_drafts, V].

@@ -59,6 +59,9 @@ class DFlashProposer(Proposer):
         if len(self.pending) >= PENDING_STEPS:
             self.flush()
 
+    def discard(self) -> None:
+        self.pending = []
+
     def flush(self) -> None:
         """Write the deferred plain steps' context K/V as one batch of N = sum of their rows tokens."""
         if not self.pending:
