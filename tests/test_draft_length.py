@@ -334,8 +334,9 @@ def test_a_request_ending_does_not_restart_the_probe_back_off():
 
 def test_running_requests_keep_the_drafter_context_until_a_second_probe_fails():
     """Nothing accepted, drafting loses: a newcomer's probe (step 1) and the probe after the first plain run
-    both fail, and only then does the policy let the running requests drop the drafter's context; a request
-    whose drafting pays, or a due probe, keeps it."""
+    both fail, and only then does the policy let a request alone drop the drafter's context; a request whose
+    drafting pays, a due probe, or a batch of more than one (its plain-only rows would block the others'
+    drafting) keeps it."""
     policy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
     policy.admit([0], [100])
     probes, dropped = [], None
@@ -352,6 +353,8 @@ def test_running_requests_keep_the_drafter_context_until_a_second_probe_fails():
     while policy.plain_run + 1 < policy.wait:  # plain steps until the next probe is due
         policy.observe([0], 0, [0])
     assert policy.keeps_context(view([0], 200))  # a due probe needs the context
+    policy.observe([0], 3, [0])  # the probe failed: plain runs again, not due
+    assert not policy.keeps_context(view([0], 210)) and policy.keeps_context(view([0, 1], 210))  # alone only
     easy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
     easy.admit([0], [100])
     for step in range(40):
