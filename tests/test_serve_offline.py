@@ -93,6 +93,35 @@ def test_cancelled_client_frees_its_slot_and_is_answered(loop_factory):
     assert next_one.sent[-1]["num_output_tokens"] == 16 and loop.counters.failed == 1
 
 
+def test_requests_without_the_drafters_context_are_counted(loop_factory):
+    """dflash_plain_only_requests_total: a request admitted plain-only, and one that stops drafting alone, are
+    counted when they finish; one that keeps its context to the end is not."""
+    from trtllm_dflash.draft_length.policy import DraftLenPolicy
+
+    class Scripted(DraftLenPolicy):
+        def __init__(self):
+            self.admit_plain, self.keep = False, True
+
+        def choose(self, batch):
+            return 0
+
+        def drafts_for(self, batch):
+            return not self.admit_plain
+
+        def keeps_context(self, batch):
+            return self.keep
+
+    loop, tok = loop_factory(batch=1)
+    policy = loop.generator.policy = Scripted()
+    loop.start()
+    for admit_plain, keep, counted in ((False, True, 0), (True, True, 1), (False, False, 2)):
+        policy.admit_plain, policy.keep = admit_plain, keep
+        done = FakeResponder()
+        loop.submit(serve_request(tok, "def f():", done, max_new=8))
+        wait_final([done])
+        assert done.sent[-1]["num_output_tokens"] == 8 and loop.counters.plain_only_requests == counted
+
+
 def test_first_stop():
     assert first_stop("hello world", ("wor", "lo")) == 3
     assert first_stop("hello", ("x", "")) is None

@@ -245,6 +245,7 @@ def test_counters_agree_with_responses(server):
     assert delta["dflash_step_draft_length_sum"] == delta["dflash_drafted_tokens_total"]
     plain_bucket = next(k for k in after if k.startswith("dflash_step_draft_length_bucket") and 'le="0' in k)
     assert delta[plain_bucket] == delta["dflash_plain_steps_total"]
+    assert delta["dflash_plain_only_requests_total"] in range(5)  # exported (its count: test_serve_offline.py)
 
 
 def test_tensor_parallel_engine_inside_triton(builtin, tmp_path):

@@ -58,6 +58,7 @@ class Counters:
     accepted_tokens: int = 0
     decode_steps: int = 0  # batch steps of the generator
     plain_steps: int = 0  # ... of which drafted nothing (the policy's k = 0)
+    plain_only_requests: int = 0  # finished requests that ended without the drafter's context
     running: int = 0
     queued: int = 0
 
@@ -222,7 +223,8 @@ class ServingLoop:
             "last_token_time_ns": time.time_ns(),
         }
         self.count(generated_tokens=len(result.output_ids), draft_steps=draft_steps,
-                    drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens)
+                    drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens,
+                    plain_only_requests=int(self.generator.block > 1 and not seq.drafting))
         req.responder.send(outputs, final=True)
 
     def count(self, **delta: int) -> None:

@@ -42,6 +42,9 @@ COUNTERS = {  # Counters field -> (metric name, description)
     "accepted_tokens": ("dflash_accepted_tokens_total", "draft tokens the target accepted"),
     "decode_steps": ("dflash_decode_steps_total", "batch decode steps"),
     "plain_steps": ("dflash_plain_steps_total", "batch decode steps that drafted nothing (draft length 0)"),
+    "plain_only_requests": ("dflash_plain_only_requests_total",
+                            "finished requests that ended without the drafter's context (admitted plain-only, or "
+                            "stopped drafting)"),
 }
 DRAFT_LENGTH = ("dflash_step_draft_length", "draft tokens per request chosen for each batch step")
 GAUGES = {"running": ("dflash_running_requests", "requests in the running batch"),
