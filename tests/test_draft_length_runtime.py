@@ -204,22 +204,36 @@ class PlainOnlyFor(Scripted):
         return self.plain_admissions < 0
 
 
-class CountingWrites:
-    """Wraps a proposer: which slots the drafter's context K/V were written or deferred for."""
+class RecordingWrites:
+    """Wraps a proposer: which slots the drafter's context K/V were written or deferred for (`slots`), and the
+    (slot, position) pairs of every row each `commit` wrote (`commits`)."""
 
     def __init__(self, proposer):
-        self.inner, self.slots = proposer, []
+        self.inner, self.slots, self.commits = proposer, [], []
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def commit(self, slots, features, positions):
         self.slots += slots.tolist()
+        self.commits.append([(s, p) for s, row in zip(slots.tolist(), positions.tolist()) for p in row])
         self.inner.commit(slots, features, positions)
 
     def defer(self, slots, features, positions):
         self.slots += slots.tolist()
         self.inner.defer(slots, features, positions)
+
+
+def capturing(gen) -> list:
+    """Record the capture layer ids of every target pass of `gen`."""
+    captures, forward = [], gen.target.forward
+
+    def recording(ids, ctx):
+        captures.append(ctx.capture_layer_ids)
+        return forward(ids, ctx)
+
+    gen.target.forward = recording
+    return captures
 
 
 def test_plain_only_admission_skips_the_drafter_and_stays_exact(pair, prompts):
@@ -235,7 +249,7 @@ def test_plain_only_admission_skips_the_drafter_and_stays_exact(pair, prompts):
     reference = alone.generate([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
 
     gen = load_pipeline(*pair).generator
-    gen.proposer = writes = CountingWrites(gen.proposer)
+    gen.proposer = writes = RecordingWrites(gen.proposer)
     gen.policy = PlainOnlyFor([15], plain_admissions=0)
     gen.allocate(2, 96, gen.block)
     a = gen.admit([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
@@ -270,16 +284,9 @@ def test_draft_length_zero_runs_the_ops_of_plain_decoding(pair, prompts):
     from trtllm_dflash.draft_length.policy import FixedDraftLen
 
     gen = load_pipeline(*pair).generator
-    gen.proposer = writes = CountingWrites(gen.proposer)
+    gen.proposer = writes = RecordingWrites(gen.proposer)
     gen.policy = FixedDraftLen(0)
-    captures = []
-    forward = gen.target.forward
-
-    def recording(ids, ctx):
-        captures.append(ctx.capture_layer_ids)
-        return forward(ids, ctx)
-
-    gen.target.forward = recording
+    captures = capturing(gen)
     requests = [Request(tuple(p[:16]), 12, ignore_eos=True) for p in prompts[:2]]
     results = gen.generate(requests)
     oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
@@ -288,27 +295,13 @@ def test_draft_length_zero_runs_the_ops_of_plain_decoding(pair, prompts):
     assert {k for r in results for k in r.draft_lengths} == {0}
 
 
-class RecordingCommits:
-    """Wraps a proposer: the positions of every row each `commit` wrote, per slot."""
-
-    def __init__(self, proposer):
-        self.inner, self.commits = proposer, []
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-    def commit(self, slots, features, positions):
-        self.commits.append([(s, p) for s, row in zip(slots.tolist(), positions.tolist()) for p in row])
-        self.inner.commit(slots, features, positions)
-
-
 def test_a_drafting_step_writes_the_drafters_context_of_kept_tokens_only(pair, prompts):
     """Each drafting step writes the drafter's context K/V of exactly the tokens the target kept (each row's
     anchor and accepted drafts, at their positions), not of the whole block; output stays the target's."""
     from transformers import AutoModelForCausalLM
 
     gen = load_pipeline(*pair).generator
-    gen.proposer = record = RecordingCommits(gen.proposer)
+    gen.proposer = record = RecordingWrites(gen.proposer)
     cut = [p[:12 + 7 * i] for i, p in enumerate(prompts[:2])]
     results = gen.generate([Request(tuple(p), 40, ignore_eos=True) for p in cut])
     oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
@@ -339,18 +332,6 @@ class DropsContextAfter(Scripted):
         return self.asked < self.after
 
 
-def capturing(gen) -> list:
-    """Record the capture layer ids of every target pass of `gen`."""
-    captures, forward = [], gen.target.forward
-
-    def recording(ids, ctx):
-        captures.append(ctx.capture_layer_ids)
-        return forward(ids, ctx)
-
-    gen.target.forward = recording
-    return captures
-
-
 def test_requests_that_stop_drafting_run_plain_decodings_ops_and_stay_exact(pair, prompts):
     """At a plain step the policy's keeps_context says no: every running request becomes plain-only. From then on
     no target features are captured, no drafter context is written and none is left deferred, no step drafts,
@@ -358,7 +339,7 @@ def test_requests_that_stop_drafting_run_plain_decodings_ops_and_stay_exact(pair
     from transformers import AutoModelForCausalLM
 
     gen = load_pipeline(*pair).generator
-    gen.proposer = writes = CountingWrites(gen.proposer)
+    gen.proposer = writes = RecordingWrites(gen.proposer)
     gen.policy = DropsContextAfter([3, 0, 0, 2, 0], after=3)  # asked at steps 2, 3 and 5: no at step 5
     captures = capturing(gen)
     at_stop = []

@@ -197,9 +197,12 @@ class Generator:
         """The policy's draft length for the next step of `running` (0..block - 1); 0 while a plain-only
         request runs (the drafter has no context for it). Before a plain step, requests that keep the drafter's
         context become plain-only when the policy no longer expects them to draft (`keeps_context`)."""
+        keeping = [s.drafting for s in running]
+        if not any(keeping):  # plain-only requests alone: nothing to choose or keep (the common plain case)
+            return 0
         view = self.batch_view(running)
-        k = max(0, min(self.policy.choose(view), self.block - 1)) if all(s.drafting for s in running) else 0
-        if k == 0 and self.block > 1 and any(s.drafting for s in running) and not self.policy.keeps_context(view):
+        k = max(0, min(self.policy.choose(view), self.block - 1)) if all(keeping) else 0
+        if k == 0 and self.block > 1 and not self.policy.keeps_context(view):
             self.stop_drafting(running)
         return k
 

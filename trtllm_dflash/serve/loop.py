@@ -224,7 +224,7 @@ class ServingLoop:
         }
         self.count(generated_tokens=len(result.output_ids), draft_steps=draft_steps,
                     drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens,
-                    plain_only_requests=int(self.generator.block > 1 and not seq.drafting))
+                    plain_only_requests=int(not seq.drafting))
         req.responder.send(outputs, final=True)
 
     def count(self, **delta: int) -> None:
