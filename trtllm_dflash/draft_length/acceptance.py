@@ -149,9 +149,11 @@ class AcceptanceModel:
         others_accepted = np.clip(self.pooled_accepted[None] - self.bucket_accepted, 0.0, others_tried)
         scale = np.minimum(1.0, self.settings.context_weight / np.maximum(others_tried, 1e-9))
         tried, accepted = self.bucket_tried + scale * others_tried, self.bucket_accepted + scale * others_accepted
-        own_first = self.chain(tried[:, :1], accepted[:, :1], bound=False)[:, 0]  # [C] with the borrowed trials
-        their_first = self.chain(others_tried[:, :1], others_accepted[:, :1], bound=False)[:, 0]
-        relative = np.clip(own_first / np.maximum(their_first, 1e-9), 0.0, 1.0)[:, None]  # [C, 1]
+        # alpha_1 means [C, 1] as `chain` shrinks position 1: (accepted + w * prior) / (tried + w)
+        w, prior = self.settings.prior_weight, self.settings.prior
+        own_first = (accepted[:, :1] + w * prior) / (tried[:, :1] + w)  # with the borrowed trials
+        their_first = (others_accepted[:, :1] + w * prior) / (others_tried[:, :1] + w)
+        relative = np.minimum(own_first / their_first, 1.0)  # [C, 1]
         accepted[:, 1:] = self.bucket_accepted[:, 1:] + relative * scale[:, 1:] * others_accepted[:, 1:]
         return self.chain(tried, accepted, bound)
 
