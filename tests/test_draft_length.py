@@ -334,9 +334,9 @@ def test_a_request_ending_does_not_restart_the_probe_back_off():
 
 def test_running_requests_keep_the_drafter_context_until_a_second_probe_fails():
     """Nothing accepted, drafting loses: a newcomer's probe (step 1) and the probe after the first plain run
-    both fail, and only then does the policy let a request alone drop the drafter's context; a request whose
-    drafting pays, a due probe, or a batch of more than one (its plain-only rows would block the others'
-    drafting) keeps it."""
+    both fail, and only then does the policy let the request drop the drafter's context; a request whose
+    drafting pays, a due probe, or a request with fewer than two drafting steps of its own keeps it (in a
+    batch too: the decision is per request)."""
     policy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
     policy.admit([0], [100])
     probes, dropped = [], None
@@ -345,21 +345,23 @@ def test_running_requests_keep_the_drafter_context_until_a_second_probe_fails():
         k = policy.choose(batch)
         if k:
             probes.append(step)
-        elif dropped is None and not policy.keeps_context(batch):
+        elif dropped is None and policy.keeps_context(batch) == [False]:
             dropped = step
         policy.observe([0], k, [0])
     before = [step for step in probes if step < dropped]
     assert before[0] == 1 and before[-1] > 16 and dropped == before[-1] + 1  # after the back-off's first probe
     while policy.plain_run + 1 < policy.wait:  # plain steps until the next probe is due
         policy.observe([0], 0, [0])
-    assert policy.keeps_context(view([0], 200))  # a due probe needs the context
+    assert policy.keeps_context(view([0], 200)) == [True]  # a due probe needs the context
     policy.observe([0], 3, [0])  # the probe failed: plain runs again, not due
-    assert not policy.keeps_context(view([0], 210)) and policy.keeps_context(view([0, 1], 210))  # alone only
+    assert policy.keeps_context(view([0], 210)) == [False]
+    policy.admit([1, 2, 3, 4], [100] * 4)  # a batch past newcomer_batch: they join without a probe of their own
+    assert policy.keeps_context(view(range(5), 210)) == [False] + [True] * 4  # they keep theirs beside it
     easy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
     easy.admit([0], [100])
     for step in range(40):
         k = easy.choose(view([0]))
-        assert k > 0 or easy.keeps_context(view([0]))
+        assert k > 0 or easy.keeps_context(view([0])) == [True]
         easy.observe([0], k, [k])
 
 

@@ -25,7 +25,7 @@ class Scripted(DraftLenPolicy):
     def choose(self, batch):
         return next(self.lengths)
 
-    def observe(self, slots, draft_len, accepted):
+    def observe(self, slots, draft_len, accepted, drafting=None):
         self.observed.append((draft_len, max(accepted)))
 
 
@@ -237,43 +237,67 @@ def capturing(gen) -> list:
 
 
 def test_plain_only_admission_skips_the_drafter_and_stays_exact(pair, prompts):
-    """A request admitted plain-only (the policy's drafts_for said no) gets no drafter context K/V and forces
-    plain steps while it runs; a drafting request beside it keeps its context, so once the plain-only one
-    has finished it drafts again with the acceptance it has alone; outputs are the target's."""
+    """A request admitted plain-only (the policy's drafts_for said no) gets no drafter context K/V and drafts
+    nothing; a drafting request beside it drafts on in the same steps (the plain-only row verifies padding), with
+    exactly the acceptance it has alone at the same draft lengths; outputs are the target's."""
     from transformers import AutoModelForCausalLM
 
     oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
     prompt_a, prompt_b = prompts[0][:20], prompts[1][:14]
-    alone = load_pipeline(*pair).generator
-    alone.policy = Scripted([15])
-    reference = alone.generate([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
-
     gen = load_pipeline(*pair).generator
     gen.proposer = writes = RecordingWrites(gen.proposer)
-    gen.policy = PlainOnlyFor([15], plain_admissions=0)
+    gen.policy = PlainOnlyFor([15, 15, 0, 15, 7], plain_admissions=0)
     gen.allocate(2, 96, gen.block)
     a = gen.admit([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
     while len(a.result.output_ids) < 10:
         gen.step()
     gen.policy.plain_admissions = 1  # the next admission is plain-only
-    b = gen.admit([Request(tuple(prompt_b), 12, ignore_eos=True)])[0]
+    b = gen.admit([Request(tuple(prompt_b), 24, ignore_eos=True)])[0]
     assert a.drafting and not b.drafting
+    together = len(a.result.draft_lengths)
     while gen.slots.running:
         gen.step()
     assert b.slot not in writes.slots  # no drafter work for the plain-only request
-    assert a.result.output_ids == reference.output_ids == hf_greedy(oracle, prompt_a, 48)
-    assert b.result.output_ids == hf_greedy(oracle, prompt_b, 12)
-    assert set(b.result.draft_lengths) == {0}  # every step while b ran was plain ...
-    steps_a = a.result.draft_lengths
-    first_plain = steps_a.index(0)
-    together = len(b.result.draft_lengths)
-    assert steps_a[first_plain:first_plain + together] == [0] * together and together > 1
-    assert set(steps_a[first_plain + together:]) == {15}  # ... and a drafts again afterwards
-    # with its whole context: the same acceptance as a alone with the same draft lengths
-    alone.policy = Scripted(steps_a)
+    assert a.result.output_ids == hf_greedy(oracle, prompt_a, 48)
+    assert b.result.output_ids == hf_greedy(oracle, prompt_b, 24)
+    assert set(b.result.draft_lengths) == {0}  # b drafted nothing ...
+    assert set(a.result.draft_lengths[together:together + len(b.result.draft_lengths)]) > {0}  # ... a did meanwhile
+    alone = load_pipeline(*pair).generator
+    alone.policy = Scripted(a.result.draft_lengths)
     again = alone.generate([Request(tuple(prompt_a), 48, ignore_eos=True)])[0]
-    assert again.draft_lengths == steps_a and again.acceptance_lengths == a.result.acceptance_lengths
-    assert max(a.result.acceptance_lengths[first_plain + together:]) > 1
+    assert again.draft_lengths == a.result.draft_lengths and again.acceptance_lengths == a.result.acceptance_lengths
+    assert max(a.result.acceptance_lengths[together:]) > 1
+
+
+@pytest.mark.parametrize("sampled", [(True, True), (False, True), (True, False)], ids=["both", "plain-row", "drafting-row"])
+def test_plain_only_rows_beside_drafting_ones_sample_as_they_would_alone(pair, prompts, sampled):
+    """Seeded sampling (T = 1) in steps that mix a drafting row with a plain-only one: the plain-only row's tokens
+    are those of a plain decode of it alone, and the drafting row's those of it alone at the same draft lengths
+    (each row's uniforms are its own, so speculative sampling of the mixed step is each row's own: lossless as
+    the plain and the drafting step are). Either row greedy, the other sampled, too (the mixed step then carries
+    one-hot proposals for greedy drafting rows)."""
+    from trtllm_dflash.sampling import SamplingParams
+
+    def params(on, seed):
+        return SamplingParams(1.0, seed=seed) if on else SamplingParams()
+
+    req_a = Request(tuple(prompts[0][:20]), 40, params(sampled[0], 11), ignore_eos=True)
+    req_b = Request(tuple(prompts[1][:14]), 24, params(sampled[1], 12), ignore_eos=True)
+    gen = load_pipeline(*pair).generator
+    gen.policy = PlainOnlyFor([15, 3, 0, 8], plain_admissions=0)
+    gen.allocate(2, 96, gen.block)
+    a = gen.admit([req_a])[0]
+    gen.step()
+    gen.policy.plain_admissions = 1
+    b = gen.admit([req_b])[0]
+    while gen.slots.running:
+        gen.step()
+    assert set(b.result.draft_lengths) == {0} and {3, 8, 15} <= set(a.result.draft_lengths[1:])
+    alone = load_pipeline(*pair).generator
+    alone.policy = Scripted(a.result.draft_lengths)
+    assert alone.generate([req_a])[0].output_ids == a.result.output_ids
+    alone.policy = Scripted([0])
+    assert alone.generate([req_b])[0].output_ids == b.result.output_ids
 
 
 def test_draft_length_zero_runs_the_ops_of_plain_decoding(pair, prompts):
@@ -329,7 +353,7 @@ class DropsContextAfter(Scripted):
 
     def keeps_context(self, batch):
         self.asked += 1
-        return self.asked < self.after
+        return [self.asked < self.after] * len(batch.slots)
 
 
 def test_requests_that_stop_drafting_run_plain_decodings_ops_and_stay_exact(pair, prompts):
@@ -353,6 +377,42 @@ def test_requests_that_stop_drafting_run_plain_decodings_ops_and_stay_exact(pair
     assert all(r.draft_lengths[:5] == [3, 0, 0, 2, 0] and set(r.draft_lengths[5:]) == {0} for r in results)
     # prefill and steps 1-4 capture; the stop comes before step 5 runs, so step 5 is plain decoding's already
     assert all(ids for ids in captures[:5]) and set(captures[5:]) == {()} and len(captures) > 8
+
+
+class DropsSlot(Scripted):
+    """Scripted draft lengths; `keeps_context` says no for `slot` (only) from its first call on."""
+
+    def __init__(self, lengths, slot: int):
+        super().__init__(lengths)
+        self.slot = slot
+
+    def keeps_context(self, batch):
+        return [s != self.slot for s in batch.slots]
+
+
+def test_one_request_stops_drafting_while_the_others_draft_on(pair, prompts):
+    """keeps_context is per request: at a plain step one of two requests stops paying for the drafter's context.
+    It writes no drafter context from then on and drafts nothing; the other drafts on in the same steps, with
+    the acceptance it has alone at the same draft lengths; outputs are the target's."""
+    from transformers import AutoModelForCausalLM
+
+    gen = load_pipeline(*pair).generator
+    gen.proposer = writes = RecordingWrites(gen.proposer)
+    gen.policy = DropsSlot([4, 0, 15, 7], slot=1)
+    cut = [p[:16] for p in prompts[:2]]
+    at_stop = []
+    stop = gen.stop_drafting
+    gen.stop_drafting = lambda seqs: (at_stop.append(len(writes.slots)), stop(seqs))
+    results = gen.generate([Request(tuple(p), 32, ignore_eos=True) for p in cut])
+    oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+    assert [r.output_ids for r in results] == [hf_greedy(oracle, p, 32) for p in cut]
+    assert len(at_stop) == 1 and 1 not in writes.slots[at_stop[0]:] and 0 in writes.slots[at_stop[0]:]
+    assert results[1].draft_lengths[:2] == [4, 0] and set(results[1].draft_lengths[2:]) == {0}
+    assert results[0].draft_lengths[:4] == [4, 0, 15, 7]
+    alone = load_pipeline(*pair).generator
+    alone.policy = Scripted(results[0].draft_lengths)
+    again = alone.generate([Request(tuple(cut[0]), 32, ignore_eos=True)])[0]
+    assert again.acceptance_lengths == results[0].acceptance_lengths
 
 
 def test_a_worker_rank_follows_the_stop_of_drafting(pair, prompts, monkeypatch):

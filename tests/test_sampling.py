@@ -101,7 +101,7 @@ class FollowsAcceptance(DraftLenPolicy):
     def choose(self, batch):
         return self.k
 
-    def observe(self, slots, draft_len, accepted):
+    def observe(self, slots, draft_len, accepted, drafting=None):
         self.k = (draft_len + accepted[0] + 1) % 4
 
 
@@ -216,3 +216,42 @@ def test_mul32_is_the_exact_product_mod_2_32():
     x = torch.tensor(values, dtype=torch.long)
     for c in (0x7FEB352D, 0x846CA68B, 1, 2 ** 31 - 1, 2 ** 31, MASK32):
         assert _mul32(x, c).tolist() == [(v * c) & MASK32 for v in values]
+
+
+def test_per_row_draft_lengths_accept_as_speculative_sampling_of_each_rows_own_drafts():
+    """accept(..., lengths): row b is speculative sampling of its first L_b drafts only, written out here as the
+    textbook loop (accept draft j if u_j q_j(d_j) < p_j(d_j); at the first rejection draw from max(0, p - q); all
+    L_b accepted: the bonus from p at L_b), with the same uniforms. Greedy rows: the accepted prefix capped at L_b."""
+    from trtllm_dflash.sampling import ACCEPT, BONUS, SamplingBatch, sample, token_probs, uniforms
+    from trtllm_dflash.speculative.accept import accept
+
+    gen = torch.Generator().manual_seed(0)
+    b, k, v = 8, 5, 6
+    lengths = torch.tensor([0, 1, 2, 5, 3, 0, 4, 5])
+    params = [SamplingParams(1.0, seed=i) if i != 2 else SamplingParams() for i in range(b)]
+    sampling = SamplingBatch.of(params, [p.key() for p in params], torch.arange(b) * 7)
+    logits = torch.randn(b, k + 1, v, generator=gen) * 2
+    q = torch.softmax(torch.randn(b, k, v, generator=gen), -1)
+    drafts = torch.multinomial(q.reshape(-1, v), 1, generator=gen).reshape(b, k)
+    drafts[3] = logits[3, :-1].argmax(-1)  # a row that accepts deep
+    q[2] = torch.nn.functional.one_hot(drafts[2], v).float()  # the greedy row proposes one-hot
+    num_accepted, bonus = accept(drafts, q, logits, sampling, lengths)
+    p = token_probs(logits, sampling)
+    u_accept, u_bonus = uniforms(sampling, ACCEPT, k), uniforms(sampling, BONUS, 1)
+    for row in range(b):
+        taken = 0
+        while taken < lengths[row] and u_accept[row, taken] * q[row, taken, drafts[row, taken]] < p[row, taken, drafts[row, taken]]:
+            taken += 1
+        rejected = taken < lengths[row]
+        dist = (p[row, taken] - q[row, taken]).clamp_min(0) if rejected else p[row, taken]
+        want = sample(dist[None, None], u_bonus[row:row + 1])[0, 0]
+        assert (num_accepted[row], bonus[row]) == (taken, want), row
+    greedy_rows = SamplingBatch.of([SamplingParams()] * b, [0] * b, torch.zeros(b, dtype=torch.long))
+    greedy_accepted, greedy_bonus = accept(drafts, None, logits, greedy_rows, lengths)
+    best = logits.argmax(-1)
+    for row in range(b):
+        taken = 0
+        while taken < lengths[row] and drafts[row, taken] == best[row, taken]:
+            taken += 1
+        assert (greedy_accepted[row], greedy_bonus[row]) == (taken, best[row, taken])
+    assert (num_accepted > 0).any() and (num_accepted < lengths).any() and (num_accepted == lengths).any()

@@ -109,7 +109,7 @@ def test_requests_without_the_drafters_context_are_counted(loop_factory):
             return not self.admit_plain
 
         def keeps_context(self, batch):
-            return self.keep
+            return [self.keep] * len(batch.slots)
 
     loop, tok = loop_factory(batch=1)
     policy = loop.generator.policy = Scripted()

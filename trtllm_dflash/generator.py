@@ -140,7 +140,9 @@ class Generator:
         slots = [s.slot for s in running] + new_slots
         starts = [s.start for s in running] + [len(r.prompt_ids) for r in requests]
         remaining = [s.request.max_new_tokens - len(s.result.output_ids) for s in running]
-        view = BatchView(slots, max(starts), remaining + [r.max_new_tokens for r in requests], self.block - 1)
+        drafting = tuple(s.drafting for s in running) + (True,) * len(requests)
+        view = BatchView(slots, max(starts), remaining + [r.max_new_tokens for r in requests], self.block - 1,
+                         None if all(drafting) else drafting)
         return self.policy.drafts_for(view)
 
     def new_sequence(self, request: Request, slot: int, start: float, tag) -> Sequence:
@@ -189,30 +191,36 @@ class Generator:
 
     def batch_view(self, running: list[Sequence]) -> BatchView:
         """The running batch as the policy sees it, from host-side lengths (no device sync)."""
-        slots = [s.slot for s in running]
+        slots, drafting = [s.slot for s in running], tuple(s.drafting for s in running)
         return BatchView(slots, max(s.start for s in running),
-                         [s.request.max_new_tokens - len(s.result.output_ids) for s in running], self.block - 1)
+                         [s.request.max_new_tokens - len(s.result.output_ids) for s in running], self.block - 1,
+                         None if all(drafting) else drafting)
 
     def draft_len(self, running: list[Sequence]) -> int:
-        """The policy's draft length for the next step of `running` (0..block - 1); 0 while a plain-only
-        request runs (the drafter has no context for it). Before a plain step, requests that keep the drafter's
-        context become plain-only when the policy no longer expects them to draft (`keeps_context`)."""
-        keeping = [s.drafting for s in running]
-        if not any(keeping):  # plain-only requests alone: nothing to choose or keep (the common plain case)
+        """The policy's draft length for the next step of `running` (0..block - 1); plain-only requests draft
+        nothing in it (see `propose`). Before a plain step, requests that keep the drafter's context become
+        plain-only when the policy no longer expects them to draft (`keeps_context`)."""
+        if not any(s.drafting for s in running):  # plain-only requests alone: nothing to choose or keep
             return 0
         view = self.batch_view(running)
-        k = max(0, min(self.policy.choose(view), self.block - 1)) if all(keeping) else 0
-        if k == 0 and self.block > 1 and not self.policy.keeps_context(view):
-            self.stop_drafting(running)
+        k = max(0, min(self.policy.choose(view), self.block - 1))
+        if k == 0 and self.block > 1:
+            keep = self.policy.keeps_context(view)
+            stopping = [seq for seq, kept in zip(running, keep) if seq.drafting and not kept]
+            if stopping:
+                self.stop_drafting(stopping)
         return k
 
-    def stop_drafting(self, running: list[Sequence]) -> None:
-        """Every running request becomes plain-only: its plain steps capture nothing and write no drafter
-        context (plain decoding's ops), and it cannot draft again. Deferred context writes are dropped: they
-        belong to these requests or to finished ones."""
-        for seq in running:
+    def stop_drafting(self, sequences: list[Sequence]) -> None:
+        """These requests become plain-only: their plain steps write no drafter context, their rows draft
+        nothing, and they cannot draft again. Once no running request keeps a context, steps capture nothing
+        (plain decoding's ops) and deferred context writes are dropped (they belong to these requests or to
+        finished ones); otherwise deferred writes of theirs stay queued, harmless (past their slot's next
+        owner's committed length, or overwritten by its prefill first)."""
+        for seq in sequences:
             seq.drafting = False
-        self.proposer.discard()
+        if not any(seq.drafting for seq in self.slots.running.values()):
+            self.proposer.discard()
 
     @torch.inference_mode()
     def step(self, draft_len: int | None = None) -> list[Sequence]:
@@ -228,6 +236,8 @@ class Generator:
         running = [self.slots.running[slot] for slot in sorted(self.slots.running)]
         n = len(running)
         k = self.draft_len(running) if draft_len is None else draft_len
+        if not any(s.drafting for s in running):  # the drafter has no context for any of them
+            k = 0
         began = time.perf_counter()
         index = None if running[-1].slot == n - 1 else torch.tensor([s.slot for s in running], device=self.device)
         where = slice(0, n) if index is None else index
@@ -235,10 +245,12 @@ class Generator:
         max_start = max(s.start for s in running)
         sampling = self.slots.sampling.rows(where, [s.request.sampling for s in running])  # no host lists to copy
         batch = StepBatch(anchors, starts, max_start, sampling, index)
-        if k > 0:
-            drafts, draft_probs = self.proposer.propose(batch, k)
-        else:  # a plain step: the drafter does not run
+        mixed = k > 0 and not all(s.drafting for s in running)  # plain-only rows ride along (see `propose`)
+        lengths = self.row_lengths(running, k) if mixed else None
+        if k == 0:  # a plain step: the drafter does not run
             drafts, draft_probs = anchors.new_zeros((n, 0)), None
+        else:
+            drafts, draft_probs = self.propose(batch, running, k) if mixed else self.proposer.propose(batch, k)
         tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, K]
         positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
         # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
@@ -249,7 +261,7 @@ class Generator:
         ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], slots=index, commit=commit,
                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.target(tokens, ctx)
-        num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling)
+        num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling, lengths)
         if commit is None:
             self.target.commit(self.cache, ctx.slots, num_accepted + 1, tokens.shape[1])
         if k == 0 and capture:
@@ -258,29 +270,60 @@ class Generator:
         self.slots.anchors[where] = bonus
         self.slots.steps[where] += 1
         drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
+        drafting = [s.drafting for s in running] if mixed else None
         if k > 0:
-            self.commit_kept(ctx.slots, features, positions, num_accepted, sum(accepted) + n)
+            kept = sum(a + 1 for a, d in zip(accepted, drafting or [True] * n) if d)
+            self.commit_kept(ctx.slots, features, positions, num_accepted, kept, lengths)
         now = time.perf_counter()
         self.policy.timed(n, max_start, k, now - began)
-        self.policy.observe([s.slot for s in running], k, accepted)
+        self.policy.observe([s.slot for s in running], k, accepted, drafting)
         for row, seq in enumerate(running):
-            a = accepted[row]
+            a, own = accepted[row], k if seq.drafting else 0
             seq.start += a + 1
-            seq.result.drafted_tokens += k
+            seq.result.drafted_tokens += own
             seq.result.accepted_tokens += a
-            seq.result.draft_lengths.append(k)
+            seq.result.draft_lengths.append(own)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
 
-    def commit_kept(self, slots, features, positions, num_accepted, kept: int) -> None:
+    def row_lengths(self, running: list[Sequence], k: int) -> torch.Tensor:
+        """[B] long: each row's own draft length in a step drafting k, 0 for plain-only rows."""
+        return torch.tensor([k if s.drafting else 0 for s in running], device=self.device)
+
+    def propose(self, batch: StepBatch, running: list[Sequence], k: int):
+        """A drafting step with plain-only rows among its rows: the drafter runs the rows that keep its context
+        (it has none for the others), and the plain-only rows verify padding (drafts 0, probabilities 0) that
+        `accept` never takes, so each gets exactly a plain step's token. -> drafts [B, k], probabilities
+        [B, k, V] or None. The verify costs every row k + 1 tokens: the cost model's price of a step of B rows."""
+        rows = [row for row, seq in enumerate(running) if seq.drafting]
+        index = torch.tensor(rows, device=self.device)
+        slots = torch.tensor([running[row].slot for row in rows], device=self.device)
+        sampling = self.slots.sampling.rows(slots, [running[row].request.sampling for row in rows])
+        sub = StepBatch(batch.anchors[index], batch.starts[index], max(running[row].start for row in rows),
+                        sampling, slots)
+        own, own_probs = self.proposer.propose(sub, k)
+        drafts = batch.anchors.new_zeros((len(running), k)).index_copy_(0, index, own)
+        if own_probs is None and batch.sampling.all_greedy:
+            return drafts, None
+        probs = own_probs.new_zeros((len(running), *own_probs.shape[1:])) if own_probs is not None else None
+        if probs is None:  # the drafting rows are greedy, some plain-only row samples: one-hot proposals
+            probs = torch.zeros((len(running), k, self.target.config.vocab_size), device=self.device)
+            probs[index] = torch.nn.functional.one_hot(own, probs.shape[-1]).float()
+            return drafts, probs
+        return drafts, probs.index_copy_(0, index, own_probs)
+
+    def commit_kept(self, slots, features, positions, num_accepted, kept: int, lengths=None) -> None:
         """The drafter's context from a drafting step: only the tokens the target kept (each row's anchor and
         accepted drafts, `kept` in all, counted on the host), as [N, 1] rows. The rest of the block was
         rejected: its context K/V would be overwritten before any drafter pass read it, and computing them
-        cost the step (k + 1 tokens per row where about tau are kept)."""
+        cost the step (k + 1 tokens per row where about tau are kept). lengths: [B] each row's own draft
+        length when plain-only rows ran in the step (length 0): the drafter keeps no context for those."""
         b, t = positions.shape
         if features is None or kept == b * t:
             return self.proposer.commit(slots, features, positions)
         keep = torch.arange(t, device=self.device)[None, :] <= num_accepted[:, None]  # [B, T]
+        if lengths is not None:
+            keep &= (lengths > 0)[:, None]
         index = torch.nonzero_static(keep.reshape(-1), size=kept)[:, 0]  # [N] row-major, no device sync
         self.proposer.commit(slots.repeat_interleave(t)[index], features.reshape(b * t, 1, -1)[index],
                              positions.reshape(-1, 1)[index])

@@ -73,8 +73,12 @@ class AcceptanceModel:
         self.context[slots] = 0 if contexts is None else contexts
         self.version += 1
 
-    def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
-        """One verified step: `draft_len` drafts per row, accepted[i] of them accepted by row slots[i]."""
+    def observe(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None = None) -> None:
+        """One verified step: `draft_len` drafts per row, accepted[i] of them accepted by row slots[i]; drafting:
+        which rows drafted (None: all), the others ran a plain step's token beside them (no evidence)."""
+        if drafting is not None and not all(drafting):
+            self.context[[s for s, d in zip(slots, drafting) if not d]] += 1
+            slots, accepted = [s for s, d in zip(slots, drafting) if d], [a for a, d in zip(accepted, drafting) if d]
         k = min(draft_len, self.max_draft_len)
         if k == 0 or not slots:  # a plain step: one token each, no evidence (the common case: kept cheap)
             self.context[slots] += 1

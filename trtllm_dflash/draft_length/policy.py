@@ -33,6 +33,9 @@ class BatchView:
     context: int  # longest committed length in the batch (tokens the verify attends to, before the block)
     remaining: list[int]  # tokens each request may still emit
     max_draft_len: int  # block size - 1 of this run
+    # whether each request keeps the drafter's context (None: all do); a plain-only one emits one token per step
+    # whatever the draft length, while a drafting step still verifies k + 1 tokens for it
+    drafting: tuple[bool, ...] | None = None
 
 class DraftLenPolicy(ABC):
     name = "policy"
@@ -47,8 +50,9 @@ class DraftLenPolicy(ABC):
     def choose(self, batch: BatchView) -> int:
         """-> the draft length of the next step, 0..batch.max_draft_len."""
 
-    def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
-        """The step ran with `draft_len` drafts per row; row i (slot slots[i]) had accepted[i] accepted."""
+    def observe(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None = None) -> None:
+        """The step ran with `draft_len` drafts per row; row i (slot slots[i]) had accepted[i] accepted. drafting:
+        which rows drafted when plain-only rows ran beside them (None: every row)."""
 
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         """The step of `rows` requests at longest context `context` with `draft_len` drafts took `seconds`
@@ -56,14 +60,15 @@ class DraftLenPolicy(ABC):
 
     def drafts_for(self, batch: BatchView) -> bool:
         """Whether requests joining a running batch like `batch` (them included) should keep the drafter's
-        context; False admits them plain-only: no drafter work for them, and no drafting while they run."""
+        context; False admits them plain-only: no drafter work for them, and they never draft (the others do)."""
         return True
 
-    def keeps_context(self, batch: BatchView) -> bool:
-        """Asked at a plain step of a batch whose requests keep the drafter's context: whether they should go on
-        paying for it (their plain steps capture the target's features and write the drafter's context K/V).
-        False makes every running request plain-only until it ends: plain decoding's ops, and no drafting."""
-        return True
+    def keeps_context(self, batch: BatchView) -> list[bool]:
+        """Asked at a plain step of a batch some of whose requests keep the drafter's context: per request, whether
+        it should go on paying for it (its plain steps capture the target's features and write the drafter's
+        context K/V). False makes that request plain-only until it ends: plain decoding's ops for it, and no
+        drafting; the others draft on beside it (a drafting step verifies its row with padding)."""
+        return [True] * len(batch.slots)
 
     def describe(self) -> dict:
         return {"policy": self.name}
@@ -107,6 +112,9 @@ PLAIN_ONLY_AFTER = 16  # plain-best steps in a row before newcomers are admitted
 # percent of a plain step of the built-in pair.
 PLAIN_KEPT_STEPS = 8
 CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the policy reads
+# a request's own drafting steps (decayed trials of draft position 1: two steps are 0.9 + 1 = 1.9) before it may
+# stop paying for the drafter's context (`CostBasedDraftLen.keeps_context`)
+OWN_PROBES = 1.5
 
 
 @dataclass(frozen=True)
@@ -145,6 +153,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.correction = StepCostCorrection()
         self.table: tuple = ((), None)  # (key, step_table) of the last call
         self.kept, self.kept_key = 0, None  # steps a plain choice is still kept, for which batch and evidence
+        self.kept_context: tuple = ((), None)  # (key, keeps_context) of the last call
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = len(generator.slots.starts), generator.block - 1
@@ -158,6 +167,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.correction = StepCostCorrection()
         self.table = ((), None)  # the cost model may be new
         self.kept, self.kept_key = 0, None
+        self.kept_context = ((), None)
 
     def admit(self, slots: list[int], contexts: list[int]) -> None:
         if self.acceptance is not None:
@@ -167,8 +177,10 @@ class CostBasedDraftLen(DraftLenPolicy):
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
         seconds = self.correction.apply(self.step_table(len(batch.slots), batch.context, batch.max_draft_len))
-        tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining).sum(0)[: len(seconds)]
-        return tokens / seconds
+        tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
+        if batch.drafting is not None and not all(batch.drafting):
+            tokens = np.where(np.asarray(batch.drafting)[:, None], tokens, 1.0)
+        return tokens.sum(0)[: len(seconds)] / seconds
 
     def choose(self, batch: BatchView) -> int:
         best = self.best(batch)
@@ -191,7 +203,7 @@ class CostBasedDraftLen(DraftLenPolicy):
     def best(self, batch: BatchView) -> int:
         """argmax over k of the expected rate; a plain choice kept PLAIN_KEPT_STEPS steps while the batch
         and the evidence stay the same."""
-        key = (tuple(batch.slots), self.acceptance.version)
+        key = (tuple(batch.slots), batch.drafting, self.acceptance.version)
         if self.kept > 0 and key == self.kept_key:
             self.kept -= 1
             return 0
@@ -204,11 +216,10 @@ class CostBasedDraftLen(DraftLenPolicy):
         """A request joined a batch small enough to probe for it (see ProbeSettings)."""
         return self.newcomer and len(batch.slots) <= self.probe.newcomer_batch
 
-    def observe(self, slots: list[int], draft_len: int, accepted: list[int]) -> None:
-        # every step counts toward the next probe, also the plain ones forced by plain-only requests
-        self.plain_run = self.plain_run + 1 if draft_len == 0 else 0
+    def observe(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None = None) -> None:
+        self.plain_run = self.plain_run + 1 if draft_len == 0 else 0  # every step counts toward the next probe
         if self.acceptance is not None:
-            self.acceptance.observe(slots, draft_len, accepted)
+            self.acceptance.observe(slots, draft_len, accepted, drafting)
 
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself
@@ -230,28 +241,41 @@ class CostBasedDraftLen(DraftLenPolicy):
         """Plain-only when plain steps have been best for PLAIN_ONLY_AFTER steps in a row and, with the
         newcomers, even the optimistic acceptance estimate makes every draft length lose to a plain step:
         the drafter's context K/V would be computed for drafts that will not run. The streak keeps a batch that
-        alternates plain and drafting steps drafting. While plain-only requests run no step drafts, so no probe
-        runs either: once one is due, newcomers keep their drafter context again (else a server at concurrency
-        1, whose every request arrives alone, would never draft again after one failed probe)."""
+        alternates plain and drafting steps drafting. A batch of plain-only requests alone probes nothing: once a
+        probe is due, newcomers keep their drafter context again (else a server at concurrency 1, whose every
+        request arrives alone, would never draft again after one failed probe)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
         if self.plain_run + 1 >= self.wait or self.newcomer_probe(batch):  # a probe is due: it can only run once
             return True  # every running request drafts
         return self.plain_streak < PLAIN_ONLY_AFTER or int(np.argmax(self.expected_rates(batch))) > 0
 
-    def keeps_context(self, batch: BatchView) -> bool:
-        """False once a probe after a plain run has failed since the last newcomer's probe or drafting step
-        (the wait has doubled past the first) and `drafts_for` says no: drafting is not expected to pay for
-        these requests, and their drafter context cost each plain step about 3 % on the built-in pair at 1024
-        tokens (the context K/V projection is about 6 % of the target's FLOPs per token there; for Qwen3-8B
-        with a 5-layer drafter about 2 %). The price: no probe for them later. Two chances (a newcomer's
-        probe and the next) first, because the built-in drafter's first draft is a coin flip. A request alone
-        only: in a batch, plain-only rows force every step plain until they leave, newcomers that join them
-        included (served at concurrency 4 on snippets, with any batch allowed, the DFlash server ran 57 % of
-        its steps plain in four of five repeats, against about 30 % before, and 1.13x plain instead of 1.24x)."""
-        if self.cost is None or self.acceptance is None or len(batch.slots) > 1:
-            return True
-        return self.wait <= self.probe.first or self.drafts_for(batch)
+    def keeps_context(self, batch: BatchView) -> list[bool]:
+        """A request stops paying for the drafter's context once (1) a probe after a plain run has failed since
+        the last newcomer's probe or drafting step (the wait has doubled past the first) and `drafts_for` says
+        no for the batch, (2) it has drafted in at least two steps of its own (the built-in drafter's first
+        draft is a coin flip, and acceptance differs far more between requests than between contexts), and
+        (3) by its own acceptance estimate no draft length would pay even if it decoded alone (the cheapest a
+        drafting step gets: a request that would draft alone may yet draft when the batch shrinks). Its
+        context cost each plain step about 3 % on the built-in pair at 1024 tokens (the context K/V projection
+        is about 6 % of the target's FLOPs per token there; for Qwen3-8B with a 5-layer drafter about 2 %).
+        Any batch: a plain-only request no longer holds the others' drafting back (its row verifies padding
+        in their drafting steps; before per-row draft lengths, served at concurrency 4 on snippets, stopping
+        at any batch made the DFlash server run 57 % of its steps plain instead of about 30 %)."""
+        keep = [True] * len(batch.slots)
+        if self.cost is None or self.acceptance is None or self.wait <= self.probe.first or self.drafts_for(batch):
+            return keep
+        context = batch.context - batch.context % CONTEXT_STEP
+        key = (tuple(batch.slots), batch.drafting, self.acceptance.version, context)
+        if self.kept_context[0] != key:  # a run of plain steps asks the same every step
+            drafting = batch.drafting or (True,) * len(batch.slots)
+            tried = self.acceptance.tried[batch.slots, 0]  # [B] each request's own decayed drafting steps
+            tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
+            alone = self.correction.apply(self.cost.step_seconds(1, context, batch.max_draft_len))  # [K + 1] s
+            pays_alone = np.argmax(tokens[:, : len(alone)] / alone, axis=1) > 0  # [B]
+            self.kept_context = (key, [not d or t < OWN_PROBES or bool(p) for d, t, p in zip(drafting, tried,
+                                                                                              pays_alone)])
+        return self.kept_context[1]
 
     def describe(self) -> dict:
         meta = self.cost.meta if self.cost else {}
