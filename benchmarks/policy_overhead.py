@@ -1,4 +1,5 @@
-"""Host time the cost-based draft-length policy adds to every decode step (choose + timed + observe).
+"""Host time the cost-based draft-length policy adds to every decode step (choose, keeps_context at a plain
+step, timed, observe).
 
     python benchmarks/policy_overhead.py [--steps 2000] [--repeats 5]
 
@@ -58,7 +59,8 @@ def per_step_us(policy: CostBasedDraftLen, batch: int, draft_len: int, steps: in
     accepted = [[int(a) for a in rng.integers(0, 3, batch)] for _ in range(steps)]
     t0 = time.perf_counter()
     for i in range(steps):
-        policy.choose(view)
+        if policy.choose(view) == 0:  # the generator then asks which requests keep the drafter's context
+            policy.keeps_context(view)
         policy.timed(batch, CONTEXT, draft_len, 2.5e-3)
         policy.observe(slots, draft_len, accepted[i] if draft_len else [0] * batch)
     return (time.perf_counter() - t0) / steps * 1e6

@@ -262,12 +262,17 @@ class CostBasedDraftLen(DraftLenPolicy):
         Any batch: a plain-only request no longer holds the others' drafting back (its row verifies padding
         in their drafting steps; before per-row draft lengths, served at concurrency 4 on snippets, stopping
         at any batch made the DFlash server run 57 % of its steps plain instead of about 30 %)."""
-        keep = [True] * len(batch.slots)
-        if self.cost is None or self.acceptance is None or self.wait <= self.probe.first or self.drafts_for(batch):
-            return keep
+        if self.cost is None or self.acceptance is None or self.wait <= self.probe.first:
+            return [True] * len(batch.slots)
         context = batch.context - batch.context % CONTEXT_STEP
-        key = (tuple(batch.slots), batch.drafting, self.acceptance.version, context)
-        if self.kept_context[0] != key:  # a run of plain steps asks the same every step
+        due = self.plain_run + 1 >= self.wait or self.newcomer_probe(batch)  # what `drafts_for` reads besides
+        key = (tuple(batch.slots), batch.drafting, self.acceptance.version, context, due,
+               self.plain_streak < PLAIN_ONLY_AFTER)
+        if self.kept_context[0] == key:  # a run of plain steps asks the same every step
+            return self.kept_context[1]
+        if self.drafts_for(batch):
+            self.kept_context = (key, [True] * len(batch.slots))
+        else:
             drafting = batch.drafting or (True,) * len(batch.slots)
             tried = self.acceptance.tried[batch.slots, 0]  # [B] each request's own decayed drafting steps
             tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
