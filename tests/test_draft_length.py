@@ -550,3 +550,15 @@ def test_plain_only_admission_gives_way_when_a_probe_is_due():
         policy.observe([0], k, [k])
         k = policy.choose(view([0]))
     assert k == K
+
+
+def test_a_request_that_changes_slot_keeps_its_acceptance_evidence():
+    """The generator moves requests into lower free slots; the policy's per-slot evidence and context go along."""
+    policy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
+    policy.admit([0, 3], [100, 600])
+    for _ in range(10):
+        policy.observe([0, 3], 4, [0, 4])
+    before = policy.acceptance.expected_tokens([3], [1000]).copy()
+    policy.move(3, 1)
+    assert np.array_equal(policy.acceptance.expected_tokens([1], [1000]), before)
+    assert policy.acceptance.context[1] == 600 + 10 * 5

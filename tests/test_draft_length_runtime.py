@@ -253,11 +253,12 @@ def test_plain_only_admission_skips_the_drafter_and_stays_exact(pair, prompts):
         gen.step()
     gen.policy.plain_admissions = 1  # the next admission is plain-only
     b = gen.admit([Request(tuple(prompt_b), 24, ignore_eos=True)])[0]
-    assert a.drafting and not b.drafting
+    assert a.drafting and not b.drafting and (a.slot, b.slot) == (0, 1)
     together = len(a.result.draft_lengths)
     while gen.slots.running:
         gen.step()
-    assert b.slot not in writes.slots  # no drafter work for the plain-only request
+    assert 1 not in writes.slots  # no drafter work for the plain-only request (nor for it in slot 0 once a left)
+    assert writes.slots.count(0) == len(writes.slots)
     assert a.result.output_ids == hf_greedy(oracle, prompt_a, 48)
     assert b.result.output_ids == hf_greedy(oracle, prompt_b, 24)
     assert set(b.result.draft_lengths) == {0}  # b drafted nothing ...
@@ -332,11 +333,13 @@ def test_a_drafting_step_writes_the_drafters_context_of_kept_tokens_only(pair, p
     assert [r.output_ids for r in results] == [hf_greedy(oracle, p, 40) for p in cut]
     steps = record.commits[1:]  # the first is the prefill's (every prompt position)
     assert len(steps) == max(len(r.acceptance_lengths) for r in results)
+    first_done = min(len(r.acceptance_lengths) for r in results)  # the other request then moves to slot 0
     for slot, (prompt, result) in enumerate(zip(cut, results)):
         start = len(prompt)  # the anchor's position: the first output token sits there
         last = len(result.acceptance_lengths) - 1
         for i, kept in enumerate(result.acceptance_lengths):
-            written = sorted(p for s, p in steps[i] if s == slot)
+            where = 0 if i >= first_done else slot
+            written = sorted(p for s, p in steps[i] if s == where)
             # the last step may accept past max_new_tokens: the output keeps fewer than the target accepted
             assert written == list(range(start, start + kept)) if i < last else written[:kept] == list(
                 range(start, start + kept))
@@ -439,3 +442,36 @@ def test_a_worker_rank_follows_the_stop_of_drafting(pair, prompts, monkeypatch):
     assert len(captures) == len(seq.result.draft_lengths) + 1  # prefill and every step
     assert all(ids for ids in captures[:2]) and set(captures[2:]) == {()}
     assert seq.result.draft_lengths[:2] == [2, 0] and set(seq.result.draft_lengths[2:]) == {0}
+
+
+def test_a_worker_rank_moves_requests_as_rank_0_does(pair, prompts, monkeypatch):
+    """Tensor parallel: requests move into free slots inside the step, on every rank alike (no message needed):
+    a worker replaying rank 0's messages makes the same moves and emits the same tokens."""
+    from trtllm_dflash.serve import lockstep
+
+    sent = []
+    monkeypatch.setattr(lockstep, "broadcast", lambda message=None: sent.append(message))
+    spec = load_pipeline(*pair).generator
+    rank0 = lockstep.LockstepGenerator(spec.target, spec.proposer, spec.default_stop_ids)
+    moves = {"rank0": [], "worker": []}
+
+    def recording(gen, name):
+        move = gen.move
+        gen.move = lambda seq, dst: (moves[name].append((seq.slot, dst)), move(seq, dst))
+
+    recording(rank0, "rank0")
+    rank0.allocate(3, 96, rank0.block)
+    seqs = rank0.admit([Request(tuple(p[:16]), n, ignore_eos=True) for p, n in zip(prompts[:3], (4, 30, 40))])
+    while rank0.slots.running:
+        rank0.step()
+    assert moves["rank0"] and moves["rank0"][0] == (2, 0)
+    worker = load_pipeline(*pair).generator
+    recording(worker, "worker")
+    admitted = []
+    admit = worker.admit
+    worker.admit = lambda *args: admitted.extend(admit(*args)) or admitted
+    messages = iter(sent + [("stop", ())])
+    monkeypatch.setattr(lockstep, "broadcast", lambda message=None: next(messages))
+    lockstep.follow(worker)
+    assert moves["worker"] == moves["rank0"]
+    assert [s.result.output_ids for s in admitted] == [s.result.output_ids for s in seqs]

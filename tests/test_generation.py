@@ -138,10 +138,10 @@ def test_inflight_admission_joins_and_leaves_between_steps(builtin):
         gen.admit([Request((5,), 200)])
 
 
-def test_free_slots_among_running_ones_cost_no_rows(builtin):
-    """Requests in slots 0, 1 finish first: the steps of the survivors in slots 2 and 3 run two rows (their
-    caches gathered), not four. Drafting and plain steps both; the greedy row equals decoding alone, and the
-    seeded sampled row draws what it draws alone."""
+def test_running_requests_move_into_free_slots_below_them(builtin):
+    """Requests in slots 0, 1 finish first: the survivors in slots 2 and 3 move into slots 0 and 1, so later steps
+    run two rows read in place (no cache gathered every step, no junk rows). Drafting and plain steps both; the
+    greedy row equals decoding alone, and the seeded sampled row draws what it draws alone."""
     from trtllm_dflash.draft_length.policy import FixedDraftLen
     from trtllm_dflash.sampling import SamplingParams
 
@@ -153,14 +153,13 @@ def test_free_slots_among_running_ones_cost_no_rows(builtin):
     for policy in (FixedDraftLen(), FixedDraftLen(0)):
         gen.policy = policy
         alone = [gen.generate([r])[0].output_ids for r in requests]
-        batch_sizes = []
+        steps = []
         forward = gen.target.forward
-        gen.target.forward = lambda ids, ctx: batch_sizes.append((ids.shape[0], ctx.slots.tolist())) or forward(ids, ctx)
+        gen.target.forward = lambda ids, ctx: steps.append((ids.shape[0], ctx.rows)) or forward(ids, ctx)
         try:
             together = gen.generate(requests)
         finally:
             del gen.target.forward
         assert [r.output_ids for r in together] == alone
-        steps = batch_sizes[1:]  # after the prefill
-        assert steps[0] == (4, [0, 1, 2, 3]) and (2, [2, 3]) in steps  # the survivors alone, in their slots
-        assert all(rows == len(slots) for rows, slots in steps)
+        assert steps[1] == (4, slice(0, 4)) and (2, slice(0, 2)) in steps  # after the prefill: all four, then two
+        assert all(rows == slice(0, n) for n, rows in steps[1:])  # every step reads slots 0..n-1 in place

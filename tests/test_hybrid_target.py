@@ -159,6 +159,9 @@ class ScriptedProposer(Proposer):
     def commit(self, slots, features, positions):
         pass
 
+    def move(self, src, dst, length):
+        pass
+
     def propose(self, batch, num_drafts):
         drafts, block_size = [], num_drafts + 1
         for slot, start in enumerate(batch.starts.tolist()):  # row b is slot b
@@ -330,3 +333,25 @@ def test_moe_tp2_engine_is_exact(hybrid_moe, tmp_path):
     inside each expert, linear-attention heads split): greedy output as transformers."""
     _, path, expected = hybrid_moe
     tp_engines_give(path, expected, tmp_path)
+
+
+@text_only
+def test_requests_that_change_slot_keep_their_recurrent_state(hybrid, tmp_path):
+    """The first request finishes early and the last moves into its slot (K/V of the attention layers, the
+    linear-attention layers' state and the drafter's context go along); greedy output stays transformers'."""
+    _, path, expected = hybrid
+    gen = load_pipeline(path, write_drafter(tmp_path / "drafter", seed=2)).generator
+    lengths = [5, NEW, NEW]
+    moved, move = [], gen.move
+
+    def recording(seq, dst):  # the state the request had in its old slot is the state it has in the new one
+        state = gen.cache.state
+        before = state.conv[:, seq.slot].clone(), state.ssm[:, seq.slot].clone()
+        moved.append((seq.slot, dst))
+        move(seq, dst)
+        assert torch.equal(state.conv[:, dst], before[0]) and torch.equal(state.ssm[:, dst], before[1])
+
+    gen.move = recording
+    results = gen.generate([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)])
+    assert moved[0] == (2, 0)  # (and a later one, when the moved request ends before the one in slot 1)
+    assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]

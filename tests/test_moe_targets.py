@@ -169,3 +169,18 @@ def test_tp2_engine_equals_transformers(moe_target, drafter, tmp_path):
                        "--dtype", "float32"]) == 0
     results = generate_with_engine(out, requests)
     assert [r.output_ids for r in results] == expected[:2]
+
+
+def test_requests_that_change_slot_keep_their_window_rings(moe_target, drafter):
+    """The first request finishes early and the last moves into its slot (target K/V, sliding-window rings and
+    the drafter's context go along); greedy output stays transformers'."""
+    hf, path, expected = moe_target
+    gen = load_pipeline(path, drafter).generator
+    lengths = [6, N, N]
+    moved = []
+    move = gen.move
+    gen.move = lambda seq, dst: (moved.append((seq.slot, dst)), move(seq, dst))
+    results = gen.generate([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)],
+                           BLOCK[hf.config.model_type])
+    assert moved[0] == (2, 0)  # (and a later one, when the moved request ends before the one in slot 1)
+    assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]

@@ -227,9 +227,8 @@ class Generator:
         """One speculative step for every running sequence: draft k tokens, verify them, accept a prefix.
 
         k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
-        Rows are the running sequences in slot order: read in place when they hold slots 0..B-1, else their
-        slots gathered (free slots among running ones then cost nothing but the copy of the running rows'
-        cache, where computing them as junk rows would cost a whole row of the step each).
+        Rows are the running sequences, which hold slots 0..B-1 (`compact` moves them there when a free slot lies
+        among them), so every cache is read in place.
         -> the sequences that ran (finished ones have `done` set and have left their slots)."""
         if not self.slots.running:
             return []
@@ -238,13 +237,14 @@ class Generator:
         k = self.draft_len(running) if draft_len is None else draft_len
         if not any(s.drafting for s in running):  # the drafter has no context for any of them
             k = 0
+        if running[-1].slot != n - 1:  # free slots among the running ones
+            running = self.compact(running)
         began = time.perf_counter()
-        index = None if running[-1].slot == n - 1 else torch.tensor([s.slot for s in running], device=self.device)
-        where = slice(0, n) if index is None else index
+        where = slice(0, n)  # rows 0..n-1 are slots 0..n-1: every cache is read in place
         starts, anchors = self.slots.starts[where], self.slots.anchors[where]
         max_start = max(s.start for s in running)
         sampling = self.slots.sampling.rows(where, [s.request.sampling for s in running])  # no host lists to copy
-        batch = StepBatch(anchors, starts, max_start, sampling, index)
+        batch = StepBatch(anchors, starts, max_start, sampling)
         mixed = k > 0 and not all(s.drafting for s in running)  # plain-only rows ride along (see `propose`)
         lengths = self.row_lengths(running, k) if mixed else None
         if k == 0:  # a plain step: the drafter does not run
@@ -258,7 +258,7 @@ class Generator:
         # the target's features feed the drafter's context: none are captured when no running request keeps one
         # (plain-only requests alone), so such a step runs exactly the ops of plain decoding
         capture = k > 0 or any(s.drafting for s in running)
-        ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], slots=index, commit=commit,
+        ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], commit=commit,
                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.target(tokens, ctx)
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling, lengths)
@@ -286,6 +286,33 @@ class Generator:
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
 
+    def compact(self, running: list[Sequence]) -> list[Sequence]:
+        """Move the requests in the highest slots into the free slots below n = len(running), so the n running
+        requests hold slots 0..n-1 and a step reads every cache in place. A free slot among running ones (a
+        request finished or was cancelled, and no newcomer took its slot) otherwise made every step gather the
+        running rows' whole caches: on the built-in pair at 1024 tokens, batch 8, one free slot made a plain step
+        1.7-1.9x slower (`benchmarks/slot_holes.py`); a move copies one request's caches once. Device copies
+        only; the same on every tensor-parallel rank (their running slots are the same). -> running, in slot
+        order."""
+        n = len(running)
+        holes = [slot for slot in range(n) if slot not in self.slots.running]
+        movers = [seq for seq in reversed(running) if seq.slot >= n]  # from the highest slot down
+        for seq, dst in zip(movers, holes):
+            self.move(seq, dst)
+        return [self.slots.running[slot] for slot in range(n)]
+
+    def move(self, seq: Sequence, dst: int) -> None:
+        """`seq` leaves its slot for the free slot dst, with everything kept per slot."""
+        src, length = seq.slot, seq.start + 1  # committed positions 0..start-1, and the anchor's
+        self.cache.move(src, dst, length)
+        self.proposer.move(src, dst, length)
+        for per_slot in (self.slots.starts, self.slots.anchors, self.slots.steps):
+            per_slot[dst] = per_slot[src]
+        self.slots.sampling.move(src, dst)
+        self.policy.move(src, dst)
+        del self.slots.running[src]
+        self.slots.running[dst], seq.slot = seq, dst
+
     def row_lengths(self, running: list[Sequence], k: int) -> torch.Tensor:
         """[B] long: each row's own draft length in a step drafting k, 0 for plain-only rows."""
         return torch.tensor([k if s.drafting else 0 for s in running], device=self.device)
@@ -294,7 +321,8 @@ class Generator:
         """A drafting step with plain-only rows among its rows: the drafter runs the rows that keep its context
         (it has none for the others), and the plain-only rows verify padding (drafts 0, probabilities 0) that
         `accept` never takes, so each gets exactly a plain step's token. -> drafts [B, k], probabilities
-        [B, k, V] or None. The verify costs every row k + 1 tokens: the cost model's price of a step of B rows."""
+        [B, k, V] or None. The verify costs every row k + 1 tokens: the cost model's price of a step of B rows.
+        The drafter reads the drafting rows' context gathered (a copy of those rows' drafter context K/V)."""
         rows = [row for row, seq in enumerate(running) if seq.drafting]
         index = torch.tensor(rows, device=self.device)
         slots = torch.tensor([running[row].slot for row in rows], device=self.device)

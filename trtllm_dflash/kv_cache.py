@@ -107,3 +107,13 @@ class KVCache:
                 ring_shape = (num_slots, num_kv_heads, ring + 1, head_dim)
                 self.layers.append(WindowKV(torch.zeros(ring_shape, dtype=dtype, device=device),
                                             torch.zeros(ring_shape, dtype=dtype, device=device)))
+
+    def move(self, src: int, dst: int, length: int) -> None:
+        """A sequence changes slot: its entries at positions 0..length-1 of full layers (later ones are junk no
+        query sees) and its whole ring of window layers go from slot src to slot dst. Device copies only."""
+        self.k[:, dst, :, :length] = self.k[:, src, :, :length]
+        self.v[:, dst, :, :length] = self.v[:, src, :, :length]
+        for layer in self.layers:
+            if layer.kind == "window":
+                layer.k[dst] = layer.k[src]
+                layer.v[dst] = layer.v[src]

@@ -93,6 +93,12 @@ class SamplingBatch:
         return SamplingBatch(self.temperature[index], self.top_p[index], self.top_k[index], self.keys[index],
                              self.counters[index], **self.flags(params))
 
+    def move(self, src: int, dst: int) -> None:
+        """Per-slot table: slot src's settings to slot dst (a request changes slot; counters are the table's own)."""
+        for name in ("temperature", "top_p", "top_k", "keys"):
+            tensor = getattr(self, name)
+            tensor[dst] = tensor[src]
+
     def write(self, index: torch.Tensor, rows: SamplingBatch) -> None:
         """Per-slot table: the settings of `rows` into slots `index` [B] (the counters are the table's own)."""
         for name in ("temperature", "top_p", "top_k", "keys"):

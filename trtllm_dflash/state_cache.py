@@ -37,6 +37,11 @@ class RecurrentState:
         self.conv[:, slots] = 0
         self.ssm[:, slots] = 0
 
+    def move(self, src: int, dst: int) -> None:
+        """A sequence changes slot: its state goes along (the stash lives within one step only)."""
+        self.conv[:, dst] = self.conv[:, src]
+        self.ssm[:, dst] = self.ssm[:, src]
+
     def read(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # -> conv [B, C, W-1], ssm [B, H_v, D_k, D_v] (gathers: copies, the stored state stays as it is)
         return self.conv[layer][slots], self.ssm[layer][slots]

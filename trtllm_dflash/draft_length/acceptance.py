@@ -73,6 +73,12 @@ class AcceptanceModel:
         self.context[slots] = 0 if contexts is None else contexts
         self.version += 1
 
+    def move(self, src: int, dst: int) -> None:
+        """The request in slot src now occupies slot dst: its evidence and context go along."""
+        for counts in (self.tried, self.accepted, self.context):
+            counts[dst] = counts[src]
+        self.version += 1
+
     def observe(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None = None) -> None:
         """One verified step: `draft_len` drafts per row, accepted[i] of them accepted by row slots[i]; drafting:
         which rows drafted (None: all), the others ran a plain step's token beside them (no evidence)."""

@@ -54,6 +54,9 @@ class DraftLenPolicy(ABC):
         """The step ran with `draft_len` drafts per row; row i (slot slots[i]) had accepted[i] accepted. drafting:
         which rows drafted when plain-only rows ran beside them (None: every row)."""
 
+    def move(self, src: int, dst: int) -> None:
+        """The request in slot src now occupies slot dst (the generator keeps running requests in the lowest slots)."""
+
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         """The step of `rows` requests at longest context `context` with `draft_len` drafts took `seconds`
         (wall, up to the emitted tokens on the host)."""
@@ -220,6 +223,10 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.plain_run = self.plain_run + 1 if draft_len == 0 else 0  # every step counts toward the next probe
         if self.acceptance is not None:
             self.acceptance.observe(slots, draft_len, accepted, drafting)
+
+    def move(self, src: int, dst: int) -> None:
+        if self.acceptance is not None:
+            self.acceptance.move(src, dst)
 
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself

@@ -26,6 +26,10 @@ class HybridCache:
         self.kv, self.state = kv, state
         self.layers, self.capacity = kv.layers, kv.capacity
 
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.kv.move(src, dst, length)
+        self.state.move(src, dst)
+
 
 class TargetLayer(nn.Module):
     """cache_index: this layer's index among the attention layers (full and sliding-window), or among

@@ -15,5 +15,8 @@ class AutoregressiveProposer(Proposer):
     def commit(self, slots, features, positions) -> None:
         pass
 
+    def move(self, src: int, dst: int, length: int) -> None:
+        pass
+
     def propose(self, batch: StepBatch, num_drafts: int):
         return batch.anchors.new_zeros((len(batch.anchors), 0)), None

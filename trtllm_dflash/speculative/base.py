@@ -45,6 +45,10 @@ class Proposer(ABC):
         its next `propose` or `commit`, so every write still lands in the order the tokens ran."""
         self.commit(slots, features, positions)
 
+    @abstractmethod
+    def move(self, src: int, dst: int, length: int) -> None:
+        """The request in slot src moves to slot dst (free); its state covers positions 0..length-1."""
+
     def discard(self) -> None:
         """Drop deferred `defer` writes: no running request will draft again (their context is never read)."""
 

@@ -62,6 +62,10 @@ class DFlashProposer(Proposer):
     def discard(self) -> None:
         self.pending = []
 
+    def move(self, src: int, dst: int, length: int) -> None:
+        self.flush()  # deferred writes name the old slot
+        self.cache.move(src, dst, length)
+
     def flush(self) -> None:
         """Write the deferred plain steps' context K/V as one batch of N = sum of their rows tokens."""
         if not self.pending:
