@@ -122,6 +122,44 @@ def test_requests_without_the_drafters_context_are_counted(loop_factory):
         assert done.sent[-1]["num_output_tokens"] == 8 and loop.counters.plain_only_requests == counted
 
 
+def test_a_step_with_plain_only_rows_beside_drafting_ones_counts_as_drafting(loop_factory):
+    """dflash_plain_steps_total and the draft-length histogram take the step's draft length, not the first row's:
+    a plain-only request in slot 0 drafts nothing in a step where the request beside it drafts 4."""
+    from trtllm_dflash.draft_length.policy import DraftLenPolicy
+
+    class Scripted(DraftLenPolicy):
+        plain_admissions = 1
+
+        def choose(self, batch):
+            return 4
+
+        def drafts_for(self, batch):
+            self.plain_admissions -= 1
+            return self.plain_admissions < 0
+
+    loop, tok = loop_factory(batch=2)
+    loop.generator.policy = Scripted()
+    lengths, step = [], loop.generator.step
+
+    def recording():  # each step's draft length per slot
+        ran = step()
+        lengths.append({seq.slot: seq.result.draft_lengths[-1] for seq in ran})
+        return ran
+
+    loop.generator.step = recording
+    seen = []
+    loop.on_step = seen.append
+    first, second = FakeResponder(), FakeResponder()
+    loop.submit(serve_request(tok, "def f():", first, max_new=12))
+    loop.iterate()  # admitted plain-only, alone: a plain step
+    loop.submit(serve_request(tok, "import os", second, max_new=6))
+    while not (first.final and second.final):
+        loop.iterate()
+    assert {0: 0, 1: 4} in lengths  # a mixed step ran
+    assert seen == [max(step.values()) for step in lengths]
+    assert loop.counters.plain_steps == sum(max(step.values()) == 0 for step in lengths) < len(lengths)
+
+
 def test_first_stop():
     assert first_stop("hello world", ("wor", "lo")) == 3
     assert first_stop("hello", ("x", "")) is None

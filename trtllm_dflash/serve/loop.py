@@ -137,7 +137,7 @@ class ServingLoop:
         self.drop_cancelled()
         ran = self.generator.step()
         if ran:
-            k = ran[0].result.draft_lengths[-1]
+            k = max(seq.result.draft_lengths[-1] for seq in ran)  # the step's: plain-only rows draft 0 in it
             self.count(decode_steps=1, plain_steps=int(k == 0))
             self.on_step(k)
         for seq in ran:
