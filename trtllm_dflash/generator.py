@@ -105,7 +105,7 @@ class Generator:
         """Prefill new requests into free slots (one batched pass); they decode from the next step.
 
         drafting: whether the drafter keeps their context (None: the policy's `drafts_for` decides). Plain-only
-        requests skip the drafter's context K/V, and while one runs every step is plain (draft length 0)."""
+        requests skip the drafter's context K/V and draft nothing (their rows verify padding in drafting steps)."""
         for r in requests:
             self.validate(r)
         free = self.slots.free()

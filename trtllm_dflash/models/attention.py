@@ -95,7 +95,8 @@ class ForwardContext:
     cache: object  # kv_cache.KVCache (or any cache whose .layers implement the layer-cache interface)
     slots: Tensor  # [B] long, the cache slot of each row
     # cached mode: rows are slots rows.start.. read in place (a slice), or the slots named by a [B] long tensor
-    # (their cache rows gathered: a batch with free slots among its running ones); None: prefill
+    # (their cache rows gathered: the drafter's pass over the drafting rows of a step with plain-only rows);
+    # None: prefill
     rows: slice | Tensor | None = None
     kv_len: int = 0  # cached mode: keys 0..kv_len-1 of each slot are read (host int; the capacity when static)
     lengths: Tensor | None = None  # prefill: [B] real tokens per row (right padding beyond)
