@@ -36,9 +36,10 @@ def accept(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits
     if lengths is not None:
         num_accepted = torch.minimum(num_accepted, lengths)
     p_next = target_probs[rows, num_accepted]  # [B, V]
-    q_next = torch.cat([draft_probs, torch.zeros_like(draft_probs[:, :1])], dim=1)[rows, num_accepted]
-    if lengths is not None:  # a row that accepted all its own drafts had no proposal there: the bonus is from p
-        q_next = q_next * (num_accepted < lengths)[:, None]
+    # q at the first rejected position; a row that accepted all its (own) drafts had no proposal there: zero, so
+    # its bonus is drawn from p (gathered rows only: no [B, K, V] copy)
+    proposed = num_accepted < (num_drafts if lengths is None else lengths)
+    q_next = draft_probs[rows, num_accepted.clamp(max=num_drafts - 1)] * proposed[:, None]
     residual = (p_next - q_next).clamp_min(0)
     # all-zero only when p == q at that position, where a rejection has probability 0
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_next)
