@@ -163,3 +163,37 @@ def test_running_requests_move_into_free_slots_below_them(builtin):
         assert [r.output_ids for r in together] == alone
         assert steps[1] == (4, slice(0, 4)) and (2, slice(0, 2)) in steps  # after the prefill: all four, then two
         assert all(rows == slice(0, n) for n, rows in steps[1:])  # every step reads slots 0..n-1 in place
+
+
+def test_a_decode_step_copies_nothing_from_the_host_and_reads_the_device_once(builtin, monkeypatch):
+    """Issue 15's rule, checked structurally on the CPU (on a GPU each of these is a host sync or a blocking copy):
+    during steps that draft, decode plainly, mix a plain-only row with drafting ones, sample (plain and top-k) and
+    move a request into a free slot, nothing builds a tensor from host data and the device is read once per step
+    (the emitted tokens: one [B, k + 2] copy); no .item(), .cpu(), .numpy() or Python conversion of a tensor."""
+    from trtllm_dflash.draft_length.policy import FixedDraftLen
+    from trtllm_dflash.sampling import SamplingParams
+
+    gen = load_pipeline(*builtin).generator
+    prompts = held_out_prompts(3)
+    gen.allocate(3, 200, gen.block)
+    gen.admit([Request(tuple(prompts[0][:20]), 3, SamplingParams(1.0, seed=1), ignore_eos=True)])
+    plain_only = gen.admit([Request(tuple(prompts[1][:20]), 60, ignore_eos=True)], drafting=False)[0]
+    gen.admit([Request(tuple(prompts[2][:20]), 60, SamplingParams(0.7, top_k=5, seed=2), ignore_eos=True)])
+    calls = []
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
+        method = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name,
+                            lambda *a, _name=name, _method=method, **k: calls.append(_name) or _method(*a, **k))
+    for name in ("tensor", "as_tensor", "from_numpy"):
+        fn = getattr(torch, name)
+        monkeypatch.setattr(torch, name, lambda *a, _name=name, _fn=fn, **k: calls.append(_name) or _fn(*a, **k))
+    moved = []
+    move = gen.move
+    gen.move = lambda seq, dst: (moved.append(dst), move(seq, dst))
+    lengths = (4, 0, 4, 0, 4, 4, 0)
+    for k in lengths:
+        gen.policy = FixedDraftLen(k)
+        gen.step()
+    monkeypatch.undo()
+    assert calls == ["tolist"] * len(lengths)
+    assert moved == [0] and not plain_only.drafting and len(gen.slots.running) == 2

@@ -48,6 +48,7 @@ class Slots:
     anchors: torch.Tensor  # [S] long
     steps: torch.Tensor  # [S] long: steps the slot's sequence has run (its random stream's counter)
     sampling: SamplingBatch  # [S] each slot's sampling settings, written at admission; counters: `steps`
+    drafting: torch.Tensor  # [S] bool: the slot's request keeps the drafter's context (Sequence.drafting, on device)
     running: dict[int, Sequence] = field(default_factory=dict)
 
     def free(self) -> list[int]:
@@ -89,7 +90,9 @@ class Generator:
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         steps = zeros.clone()
         table = SamplingBatch.of([SamplingParams()] * num_slots, [0] * num_slots, steps)
-        self.slots, self.block, self.capacity = Slots(zeros, zeros.clone(), steps, table), block, capacity
+        drafting = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
+        self.slots = Slots(zeros, zeros.clone(), steps, table, drafting)
+        self.block, self.capacity = block, capacity
         self.policy.prepare(self)
 
     def validate(self, request: Request) -> None:
@@ -174,6 +177,7 @@ class Generator:
             self.proposer.commit(slots, features, positions)
         self.slots.starts[slots] = lengths
         self.slots.anchors[slots] = first
+        self.slots.drafting[slots] = drafting
         for seq in sequences:
             seq.start = len(seq.request.prompt_ids)
         return first
@@ -219,6 +223,7 @@ class Generator:
         owner's committed length, or overwritten by its prefill first)."""
         for seq in sequences:
             seq.drafting = False
+            self.slots.drafting[seq.slot] = False  # a device write, no copy from the host
         if not any(seq.drafting for seq in self.slots.running.values()):
             self.proposer.discard()
 
@@ -246,7 +251,7 @@ class Generator:
         sampling = self.slots.sampling.rows(where, [s.request.sampling for s in running])  # no host lists to copy
         batch = StepBatch(anchors, starts, max_start, sampling)
         mixed = k > 0 and not all(s.drafting for s in running)  # plain-only rows ride along (see `propose`)
-        lengths = self.row_lengths(running, k) if mixed else None
+        lengths = self.slots.drafting[where].long() * k if mixed else None  # [B] each row's own draft length
         if k == 0:  # a plain step: the drafter does not run
             drafts, draft_probs = anchors.new_zeros((n, 0)), None
         else:
@@ -269,7 +274,7 @@ class Generator:
         self.slots.starts[where] = starts + num_accepted + 1
         self.slots.anchors[where] = bonus
         self.slots.steps[where] += 1
-        drafted, accepted, bonuses = drafts.tolist(), num_accepted.tolist(), bonus.tolist()  # host sync
+        drafted, accepted, bonuses = self.read_tokens(drafts, num_accepted, bonus)
         drafting = [s.drafting for s in running] if mixed else None
         if k > 0:
             kept = sum(a + 1 for a, d in zip(accepted, drafting or [True] * n) if d)
@@ -285,6 +290,13 @@ class Generator:
             seq.result.draft_lengths.append(own)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
+
+    @staticmethod
+    def read_tokens(drafts, num_accepted, bonus) -> tuple[list[list[int]], list[int], list[int]]:
+        """The step's one device read (the host sync of a step): drafts [B, k], num_accepted [B], bonus [B]
+        copied as one [B, k + 2] tensor -> host lists."""
+        rows = torch.cat([drafts, num_accepted[:, None], bonus[:, None]], dim=1).tolist()
+        return [row[:-2] for row in rows], [row[-2] for row in rows], [row[-1] for row in rows]
 
     def compact(self, running: list[Sequence]) -> list[Sequence]:
         """Move the requests in the highest slots into the free slots below n = len(running), so the n running
@@ -306,16 +318,12 @@ class Generator:
         src, length = seq.slot, seq.start + 1  # committed positions 0..start-1, and the anchor's
         self.cache.move(src, dst, length)
         self.proposer.move(src, dst, length)
-        for per_slot in (self.slots.starts, self.slots.anchors, self.slots.steps):
+        for per_slot in (self.slots.starts, self.slots.anchors, self.slots.steps, self.slots.drafting):
             per_slot[dst] = per_slot[src]
         self.slots.sampling.move(src, dst)
         self.policy.move(src, dst)
         del self.slots.running[src]
         self.slots.running[dst], seq.slot = seq, dst
-
-    def row_lengths(self, running: list[Sequence], k: int) -> torch.Tensor:
-        """[B] long: each row's own draft length in a step drafting k, 0 for plain-only rows."""
-        return torch.tensor([k if s.drafting else 0 for s in running], device=self.device)
 
     def propose(self, batch: StepBatch, running: list[Sequence], k: int):
         """A drafting step with plain-only rows among its rows: the drafter runs the rows that keep its context
@@ -323,12 +331,11 @@ class Generator:
         `accept` never takes, so each gets exactly a plain step's token. -> drafts [B, k], probabilities
         [B, k, V] or None. The verify costs every row k + 1 tokens: the cost model's price of a step of B rows.
         The drafter reads the drafting rows' context gathered (a copy of those rows' drafter context K/V)."""
-        rows = [row for row, seq in enumerate(running) if seq.drafting]
-        index = torch.tensor(rows, device=self.device)
-        slots = torch.tensor([running[row].slot for row in rows], device=self.device)
-        sampling = self.slots.sampling.rows(slots, [running[row].request.sampling for row in rows])
-        sub = StepBatch(batch.anchors[index], batch.starts[index], max(running[row].start for row in rows),
-                        sampling, slots)
+        rows = [seq for seq in running if seq.drafting]
+        # [D] the drafting rows, which are their slots (rows 0..B-1 hold slots 0..B-1); counted on the host: no sync
+        index = torch.nonzero_static(self.slots.drafting[: len(running)], size=len(rows))[:, 0]
+        sampling = self.slots.sampling.rows(index, [seq.request.sampling for seq in rows])
+        sub = StepBatch(batch.anchors[index], batch.starts[index], max(seq.start for seq in rows), sampling, index)
         own, own_probs = self.proposer.propose(sub, k)
         drafts = batch.anchors.new_zeros((len(running), k)).index_copy_(0, index, own)
         if own_probs is None and batch.sampling.all_greedy:
@@ -361,9 +368,9 @@ class Generator:
         runs: no gather then)."""
         if all(seq.drafting for seq in rows):
             return self.proposer.defer(slots, features, positions)
-        keep = [row for row, seq in enumerate(rows) if seq.drafting]
+        keep = sum(seq.drafting for seq in rows)
         if keep:
-            index = torch.tensor(keep, device=self.device)
+            index = torch.nonzero_static(self.slots.drafting[: len(rows)], size=keep)[:, 0]  # rows are slots
             self.proposer.defer(slots[index], features[index], positions[index])
 
     def hold(self, sequences: list[Sequence], length: int) -> None:
