@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from host_traffic import record_host_traffic
 from oracle import hf_greedy
 from trtllm_dflash.builtin import held_out_prompts
 from trtllm_dflash.errors import DFlashError
@@ -179,14 +180,7 @@ def test_a_decode_step_copies_nothing_from_the_host_and_reads_the_device_once(bu
     gen.admit([Request(tuple(prompts[0][:20]), 3, SamplingParams(1.0, seed=1), ignore_eos=True)])
     plain_only = gen.admit([Request(tuple(prompts[1][:20]), 60, ignore_eos=True)], drafting=False)[0]
     gen.admit([Request(tuple(prompts[2][:20]), 60, SamplingParams(0.7, top_k=5, seed=2), ignore_eos=True)])
-    calls = []
-    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__"):
-        method = getattr(torch.Tensor, name)
-        monkeypatch.setattr(torch.Tensor, name,
-                            lambda *a, _name=name, _method=method, **k: calls.append(_name) or _method(*a, **k))
-    for name in ("tensor", "as_tensor", "from_numpy"):
-        fn = getattr(torch, name)
-        monkeypatch.setattr(torch, name, lambda *a, _name=name, _fn=fn, **k: calls.append(_name) or _fn(*a, **k))
+    calls = record_host_traffic(monkeypatch)
     moved = []
     move = gen.move
     gen.move = lambda seq, dst: (moved.append(dst), move(seq, dst))
