@@ -159,17 +159,19 @@ def test_mxfp4_checkpoint_matches_transformers(tmp_path):
 
 def test_tp2_engine_equals_transformers(moe_target, drafter, tmp_path):
     """Experts split inside each expert over two ranks (gloo on loopback) give transformers' tokens:
-    gpt-oss (expert biases, sinks, sliding windows all sharded) and Qwen3-MoE (norm_topk_prob routing)."""
+    gpt-oss (expert biases, sinks, sliding windows all sharded) and Qwen3-MoE (norm_topk_prob routing). The first
+    request ends early, so on each rank the last one moves into its slot with its shard of every cache."""
     from trtllm_dflash.cli.build import main as build_main
     from trtllm_dflash.engine import generate_with_engine
 
     hf, path, expected = moe_target
-    requests = [Request(tuple(p), N, ignore_eos=True) for p in PROMPTS[:2]]
+    lengths = (6, N, N)
+    requests = [Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)]
     out = tmp_path / "tp2"
     assert build_main(["--target", str(path), "--drafter", str(drafter), "--output", str(out), "--tp", "2",
                        "--dtype", "float32"]) == 0
     results = generate_with_engine(out, requests)
-    assert [r.output_ids for r in results] == expected[:2]
+    assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
 
 
 def test_requests_that_change_slot_keep_their_window_rings(moe_target, drafter):
