@@ -240,7 +240,8 @@ class Generator:
         running = [self.slots.running[slot] for slot in sorted(self.slots.running)]
         n = len(running)
         k = self.draft_len(running) if draft_len is None else draft_len
-        if not any(s.drafting for s in running):  # the drafter has no context for any of them
+        keeping = [s.drafting for s in running]  # after draft_len: it may stop some requests drafting
+        if not any(keeping):  # the drafter has no context for any of them
             k = 0
         if running[-1].slot != n - 1:  # free slots among the running ones
             running = self.compact(running)
@@ -250,19 +251,19 @@ class Generator:
         max_start = max(s.start for s in running)
         sampling = self.slots.sampling.rows(where, [s.request.sampling for s in running])  # no host lists to copy
         batch = StepBatch(anchors, starts, max_start, sampling)
-        mixed = k > 0 and not all(s.drafting for s in running)  # plain-only rows ride along (see `propose`)
+        mixed = k > 0 and not all(keeping)  # plain-only rows ride along (see `propose`)
         lengths = self.slots.drafting[where].long() * k if mixed else None  # [B] each row's own draft length
         if k == 0:  # a plain step: the drafter does not run
             drafts, draft_probs = anchors.new_zeros((n, 0)), None
         else:
-            drafts, draft_probs = self.propose(batch, running, k) if mixed else self.proposer.propose(batch, k)
+            drafts, draft_probs = self.propose(batch, running, keeping, k) if mixed else self.proposer.propose(batch, k)
         tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, K]
         positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
         # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
         commit = torch.ones_like(starts) if tokens.shape[1] == 1 else None
         # the target's features feed the drafter's context: none are captured when no running request keeps one
         # (plain-only requests alone), so such a step runs exactly the ops of plain decoding
-        capture = k > 0 or any(s.drafting for s in running)
+        capture = k > 0 or any(keeping)
         ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], commit=commit,
                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.target(tokens, ctx)
@@ -270,18 +271,17 @@ class Generator:
         if commit is None:
             self.target.commit(self.cache, ctx.slots, num_accepted + 1, tokens.shape[1])
         if k == 0 and capture:
-            self.defer_drafting_rows(running, ctx.slots, features, positions)
+            self.defer_drafting_rows(keeping, ctx.slots, features, positions)
         self.slots.starts[where] = starts + num_accepted + 1
         self.slots.anchors[where] = bonus
         self.slots.steps[where] += 1
         drafted, accepted, bonuses = self.read_tokens(drafts, num_accepted, bonus)
-        drafting = [s.drafting for s in running] if mixed else None
         if k > 0:
-            kept = sum(a + 1 for a, d in zip(accepted, drafting or [True] * n) if d)
+            kept = sum(a + 1 for a, d in zip(accepted, keeping) if d)
             self.commit_kept(ctx.slots, features, positions, num_accepted, kept, lengths)
         now = time.perf_counter()
         self.policy.timed(n, max_start, k, now - began)
-        self.policy.observe([s.slot for s in running], k, accepted, drafting)
+        self.policy.observe([s.slot for s in running], k, accepted, keeping if mixed else None)
         for row, seq in enumerate(running):
             a, own = accepted[row], k if seq.drafting else 0
             seq.start += a + 1
@@ -325,27 +325,24 @@ class Generator:
         del self.slots.running[src]
         self.slots.running[dst], seq.slot = seq, dst
 
-    def propose(self, batch: StepBatch, running: list[Sequence], k: int):
+    def propose(self, batch: StepBatch, running: list[Sequence], keeping: list[bool], k: int):
         """A drafting step with plain-only rows among its rows: the drafter runs the rows that keep its context
         (it has none for the others), and the plain-only rows verify padding (drafts 0, probabilities 0) that
         `accept` never takes, so each gets exactly a plain step's token. -> drafts [B, k], probabilities
         [B, k, V] or None. The verify costs every row k + 1 tokens: the cost model's price of a step of B rows.
         The drafter reads the drafting rows' context gathered (a copy of those rows' drafter context K/V)."""
-        rows = [seq for seq in running if seq.drafting]
-        # [D] the drafting rows, which are their slots (rows 0..B-1 hold slots 0..B-1); counted on the host: no sync
-        index = torch.nonzero_static(self.slots.drafting[: len(running)], size=len(rows))[:, 0]
+        rows = [seq for seq, kept in zip(running, keeping) if kept]
+        index = self.drafting_rows(keeping)
         sampling = self.slots.sampling.rows(index, [seq.request.sampling for seq in rows])
         sub = StepBatch(batch.anchors[index], batch.starts[index], max(seq.start for seq in rows), sampling, index)
         own, own_probs = self.proposer.propose(sub, k)
         drafts = batch.anchors.new_zeros((len(running), k)).index_copy_(0, index, own)
-        if own_probs is None and batch.sampling.all_greedy:
-            return drafts, None
-        probs = own_probs.new_zeros((len(running), *own_probs.shape[1:])) if own_probs is not None else None
-        if probs is None:  # the drafting rows are greedy, some plain-only row samples: one-hot proposals
-            probs = torch.zeros((len(running), k, self.target.config.vocab_size), device=self.device)
-            probs[index] = torch.nn.functional.one_hot(own, probs.shape[-1]).float()
-            return drafts, probs
-        return drafts, probs.index_copy_(0, index, own_probs)
+        if own_probs is None:
+            if batch.sampling.all_greedy:
+                return drafts, None
+            # greedy drafting rows beside a sampling plain-only row: their proposals are one-hot
+            own_probs = torch.nn.functional.one_hot(own, self.target.config.vocab_size).float()
+        return drafts, own_probs.new_zeros((len(running), *own_probs.shape[1:])).index_copy_(0, index, own_probs)
 
     def commit_kept(self, slots, features, positions, num_accepted, kept: int, lengths=None) -> None:
         """The drafter's context from a drafting step: only the tokens the target kept (each row's anchor and
@@ -363,15 +360,18 @@ class Generator:
         self.proposer.commit(slots.repeat_interleave(t)[index], features.reshape(b * t, 1, -1)[index],
                              positions.reshape(-1, 1)[index])
 
-    def defer_drafting_rows(self, rows: list[Sequence], slots, features, positions) -> None:
-        """A plain step's drafter context for the rows that keep one (all rows when no plain-only request
-        runs: no gather then)."""
-        if all(seq.drafting for seq in rows):
+    def drafting_rows(self, keeping: list[bool]) -> torch.Tensor:
+        """[D] the rows of the requests that keep the drafter's context, which are their slots (rows 0..B-1 hold
+        slots 0..B-1); D counted on the host, so no device sync."""
+        return torch.nonzero_static(self.slots.drafting[: len(keeping)], size=sum(keeping))[:, 0]
+
+    def defer_drafting_rows(self, keeping: list[bool], slots, features, positions) -> None:
+        """A plain step's drafter context for the rows that keep one (some do: the step captured features), all
+        rows when no plain-only request runs: no gather then."""
+        if all(keeping):
             return self.proposer.defer(slots, features, positions)
-        keep = sum(seq.drafting for seq in rows)
-        if keep:
-            index = torch.nonzero_static(self.slots.drafting[: len(rows)], size=keep)[:, 0]  # rows are slots
-            self.proposer.defer(slots[index], features[index], positions[index])
+        index = self.drafting_rows(keeping)
+        self.proposer.defer(slots[index], features[index], positions[index])
 
     def hold(self, sequences: list[Sequence], length: int) -> None:
         """Pin sequences at committed length `length` with no output yet. For calibration: a step then
