@@ -18,3 +18,15 @@ def record_host_traffic(monkeypatch) -> list[str]:
         fn = getattr(torch, name)
         monkeypatch.setattr(torch, name, lambda *a, _name=name, _fn=fn, **k: calls.append(_name) or _fn(*a, **k))
     return calls
+
+
+def host_traffic_of_steps(gen, draft_lens, monkeypatch) -> list[str]:
+    """Run one step of `gen` per draft length in `draft_lens` (FixedDraftLen) -> the host traffic they made."""
+    from trtllm_dflash.draft_length.policy import FixedDraftLen
+
+    calls = record_host_traffic(monkeypatch)
+    for k in draft_lens:
+        gen.policy = FixedDraftLen(k)
+        gen.step()
+    monkeypatch.undo()
+    return calls

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from host_traffic import record_host_traffic
+from host_traffic import host_traffic_of_steps
 from oracle import hf_greedy
 from trtllm_dflash.builtin import held_out_prompts
 from trtllm_dflash.errors import DFlashError
@@ -171,7 +171,6 @@ def test_a_decode_step_copies_nothing_from_the_host_and_reads_the_device_once(bu
     during steps that draft, decode plainly, mix a plain-only row with drafting ones, sample (plain and top-k) and
     move a request into a free slot, nothing builds a tensor from host data and the device is read once per step
     (the emitted tokens: one [B, k + 2] copy); no .item(), .cpu(), .numpy() or Python conversion of a tensor."""
-    from trtllm_dflash.draft_length.policy import FixedDraftLen
     from trtllm_dflash.sampling import SamplingParams
 
     gen = load_pipeline(*builtin).generator
@@ -180,14 +179,10 @@ def test_a_decode_step_copies_nothing_from_the_host_and_reads_the_device_once(bu
     gen.admit([Request(tuple(prompts[0][:20]), 3, SamplingParams(1.0, seed=1), ignore_eos=True)])
     plain_only = gen.admit([Request(tuple(prompts[1][:20]), 60, ignore_eos=True)], drafting=False)[0]
     gen.admit([Request(tuple(prompts[2][:20]), 60, SamplingParams(0.7, top_k=5, seed=2), ignore_eos=True)])
-    calls = record_host_traffic(monkeypatch)
     moved = []
     move = gen.move
     gen.move = lambda seq, dst: (moved.append(dst), move(seq, dst))
     lengths = (4, 0, 4, 0, 4, 4, 0)
-    for k in lengths:
-        gen.policy = FixedDraftLen(k)
-        gen.step()
-    monkeypatch.undo()
+    calls = host_traffic_of_steps(gen, lengths, monkeypatch)
     assert calls == ["tolist"] * len(lengths)
     assert moved == [0] and not plain_only.drafting and len(gen.slots.running) == 2

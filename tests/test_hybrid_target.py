@@ -9,7 +9,7 @@ import torch
 
 from safetensors.torch import load_file
 
-from host_traffic import record_host_traffic
+from host_traffic import host_traffic_of_steps
 from tiny_models import MOE_FIELDS, VOCAB, add_tokenizer, hf_generate, make_hf_hybrid, write_drafter
 from trtllm_dflash.builder.builder import build_engine
 from trtllm_dflash.builder.spec import BuildSpec
@@ -362,15 +362,9 @@ def test_requests_that_change_slot_keep_their_recurrent_state(hybrid, tmp_path):
 def test_a_decode_step_reads_the_device_once(hybrid, tmp_path, monkeypatch):
     """Gated DeltaNet layers included (verify, rollback commit, plain steps, a move): no tensor built from host
     data, one device read per step (tests/host_traffic.py)."""
-    from trtllm_dflash.draft_length.policy import FixedDraftLen
-
     _, path, _ = hybrid
     gen = load_pipeline(path, write_drafter(tmp_path / "drafter", seed=2)).generator
     gen.allocate(3, 100, gen.block)
     gen.admit([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, (2, NEW, NEW))])
-    calls = record_host_traffic(monkeypatch)
-    for k in (3, 0, 3, 0):
-        gen.policy = FixedDraftLen(k)
-        gen.step()
-    monkeypatch.undo()
+    calls = host_traffic_of_steps(gen, (3, 0, 3, 0), monkeypatch)
     assert calls == ["tolist"] * 4 and sorted(gen.slots.running) == [0, 1]  # the last request moved to slot 0

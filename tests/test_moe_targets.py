@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from host_traffic import record_host_traffic
+from host_traffic import host_traffic_of_steps
 from oracle import ReferenceDrafter, reference_dflash_greedy
 from tiny_models import VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_target, write_drafter
 from trtllm_dflash.loading import load_target
@@ -192,15 +192,9 @@ def test_requests_that_change_slot_keep_their_window_rings(moe_target, drafter):
 def test_a_decode_step_reads_the_device_once(moe_target, drafter, monkeypatch):
     """Expert routing, sinks and window rings included: drafting and plain steps, and a move into a free slot,
     build no tensor from host data and read the device once per step (tests/host_traffic.py)."""
-    from trtllm_dflash.draft_length.policy import FixedDraftLen
-
     hf, path, _ = moe_target
     gen = load_pipeline(path, drafter).generator
     gen.allocate(3, 100, BLOCK[hf.config.model_type])
     gen.admit([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, (2, 40, 40))])
-    calls = record_host_traffic(monkeypatch)
-    for k in (2, 0, 2, 0):
-        gen.policy = FixedDraftLen(k)
-        gen.step()
-    monkeypatch.undo()
+    calls = host_traffic_of_steps(gen, (2, 0, 2, 0), monkeypatch)
     assert calls == ["tolist"] * 4 and sorted(gen.slots.running) == [0, 1]  # the last request moved to slot 0
