@@ -1,7 +1,8 @@
 """Decode-step latency of the torch runtime at Qwen3-8B shapes on one GPU, against the HBM roofline.
 
-    python benchmarks/gpu_decode.py [--device cuda] [--batches 1,8,32,64] [--context 1024] [--repeats 10]
-    python benchmarks/gpu_decode.py --tiny --device cpu     # a smoke run of the script itself (CI)
+    python benchmarks/gpu_decode.py [--device cuda] [--batches 1,8,32,64] [--context 1024] [--repeats 10] \
+        [--step-modes eager,cuda-graphs]
+    python benchmarks/gpu_decode.py --tiny --device cpu --step-modes eager   # a smoke run of the script itself (CI)
 
 Target: Qwen3-8B shapes (36 layers, hidden 4096, GQA 32/8, head_dim 128, intermediate 12288, vocab 151936),
 bf16, random weights; drafter: 5 Qwen3 layers at the same width, block 16, conditioned on 5 target layers.
@@ -11,10 +12,11 @@ requests held at --context committed tokens:
   dflash_step_s   a step drafting 15 tokens and verifying the 16-token block
   drafter_s       the drafter's part of that step (timed around the proposer)
   verify_s        dflash_step_s - drafter_s (target verify, acceptance, commit)
-medians of --repeats, synchronised around each timed call. Roofline: bytes of the target's weights read by
-a step (all but the embedding table) / device copy bandwidth (a 2 GiB copy, read + write), the time a
-batch-1 step cannot beat. Projected speedup at tau: tau x ar_step_s / dflash_step_s. CUDA graphs: the
-runtime has no capture path yet (issue 15), so every timing is eager; the JSON says so.
+medians of --repeats, synchronised around each timed call, for each step mode (trtllm_dflash/step_mode.py:
+eager, and cuda-graphs: the passes compiled and replayed as CUDA graphs, compiled at the warm-up, which is
+timed and reported as compile_s). Roofline: bytes of the target's weights read by a step (all but the
+embedding table) / device copy bandwidth (a 2 GiB copy, read + write), the time a batch-1 step cannot beat.
+Projected speedup at tau: tau x ar_step_s / dflash_step_s. The JSON is rewritten after each mode.
 Goals (issue 15): ar_step at batch 1 >= 85 % of roofline, verify <= 1.3 x ar_step, drafter <= 15 % of
 ar_step, projected batch-1 speedup at tau 6.49 >= 5. Writes benchmarks/results/gpu_decode.json (or --output).
 """
@@ -102,6 +104,19 @@ def step_bytes(target) -> int:
     return sum(p.numel() * p.element_size() for p in target.parameters() if p is not embed)
 
 
+def set_mode(generator, mode: str, device: str) -> float:
+    """-> seconds the mode's warm-up took (compiling every graph; 0 for eager)."""
+    from trtllm_dflash.step_mode import StepMode, compile_step_shapes
+
+    generator.set_step_mode(StepMode.resolve(mode, device))
+    if not generator.step_mode.compiled:
+        return 0.0
+    t0 = time.perf_counter()
+    compile_step_shapes(generator)
+    sync(device)
+    return time.perf_counter() - t0
+
+
 def measure(generator, device: str, batch: int, context: int, repeats: int) -> dict:
     from trtllm_dflash.request import Request
 
@@ -149,6 +164,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,32,64")
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--step-modes", default="eager,cuda-graphs", help="comma-separated: eager, compile, cuda-graphs")
     p.add_argument("--tiny", action="store_true", help="tiny shapes, float32: a smoke run of the script")
     p.add_argument("--output", default=str(OUT))
     args = p.parse_args()
@@ -157,26 +173,31 @@ def main() -> None:
     shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN3_8B, torch.bfloat16)
     context = min(args.context, 64) if args.tiny else args.context
     started = time.perf_counter()
-    with torch.inference_mode():
-        generator, target = build(shape, 2 if args.tiny else 5, args.device, dtype)
-        weights = step_bytes(target)
-        bandwidth = copy_bandwidth(args.device, (1 << 20) if args.tiny else (2 << 30))
-        rows = [measure(generator, args.device, int(b), context, args.repeats) for b in args.batches.split(",")]
-    roofline = weights / bandwidth
-    for row in rows:
-        row["ar_step_roofline_fraction"] = roofline / row["ar_step_s"]  # 1.0: as fast as reading the weights
-        print(f"batch {row['batch']:3}: AR {row['ar_step_s'] * 1e3:8.2f} ms ({row['ar_step_roofline_fraction']:.0%} of "
-              f"roofline)  DFlash step {row['dflash_step_s'] * 1e3:8.2f} ms  drafter {row['drafter_over_ar']:.0%} of AR  "
-              f"verify {row['verify_over_ar']:.2f}x AR  projected {row[f'projected_speedup_tau_{TAU}']:.2f}x",
-              file=sys.stderr)
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
     record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "device": device, "torch": torch.__version__, "shapes": "tiny" if args.tiny else "Qwen3-8B",
-              "dtype": str(dtype).removeprefix("torch."), "cuda_graphs": "not implemented in the runtime (issue 15): eager",
-              "weight_bytes_per_step": weights, "copy_bandwidth_bytes_per_s": bandwidth, "roofline_step_s": roofline,
-              "tau": TAU, "rows": rows, "wall_s": time.perf_counter() - started}
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(record, indent=2) + "\n")
+              "dtype": str(dtype).removeprefix("torch."), "tau": TAU, "modes": {}}
+    generator, target = build(shape, 2 if args.tiny else 5, args.device, dtype)
+    record["weight_bytes_per_step"] = weights = step_bytes(target)
+    record["copy_bandwidth_bytes_per_s"] = bandwidth = copy_bandwidth(args.device, (1 << 20) if args.tiny else (2 << 30))
+    record["roofline_step_s"] = roofline = weights / bandwidth
+    for mode in args.step_modes.split(","):
+        compile_s = set_mode(generator, mode, args.device)
+        with torch.inference_mode():
+            rows = [measure(generator, args.device, int(b), context, args.repeats) for b in args.batches.split(",")]
+        for row in rows:
+            row["ar_step_roofline_fraction"] = roofline / row["ar_step_s"]  # 1.0: as fast as reading the weights
+        record["modes"][mode] = {"compile_s": compile_s, "rows": rows}
+        record["wall_s"] = time.perf_counter() - started
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(record, indent=2) + "\n")
+    for mode, result in record["modes"].items():
+        print(f"{mode} (warm-up {result['compile_s']:.0f} s)", file=sys.stderr)
+        for row in result["rows"]:
+            print(f"  batch {row['batch']:3}: AR {row['ar_step_s'] * 1e3:8.2f} ms ({row['ar_step_roofline_fraction']:.0%} "
+                  f"of roofline)  DFlash step {row['dflash_step_s'] * 1e3:8.2f} ms  drafter "
+                  f"{row['drafter_over_ar']:.0%} of AR  verify {row['verify_over_ar']:.2f}x AR  projected "
+                  f"{row[f'projected_speedup_tau_{TAU}']:.2f}x", file=sys.stderr)
 
 
 if __name__ == "__main__":

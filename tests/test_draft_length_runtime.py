@@ -13,6 +13,7 @@ from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.pairs import held_out_texts, stdlib_pair
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
+from trtllm_dflash.step_mode import StepMode
 
 
 class Scripted(DraftLenPolicy):
@@ -101,7 +102,7 @@ class FakeGenerator:
         self.slots = type("Slots", (), {"starts": [0] * slots, "running": {}})()
         self.capacity, self.block, self.now, self.rows, self.context = capacity, block, 0.0, 0, 0
         self.device, self.target, self.first = torch.device("cpu"), type("T", (), {"tp": type("P", (), {"world": 1})})(), True
-        self.calls = []
+        self.calls, self.step_mode = [], StepMode()
 
     def admit(self, requests):
         self.rows, self.first = len(requests), True

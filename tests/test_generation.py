@@ -156,26 +156,31 @@ def test_running_requests_move_into_free_slots_below_them(builtin):
         alone = [gen.generate([r])[0].output_ids for r in requests]
         steps = []
         forward = gen.target.forward
-        gen.target.forward = lambda ids, ctx: steps.append((ids.shape[0], ctx.rows)) or forward(ids, ctx)
+        gen.target.forward = lambda ids, ctx: steps.append((ids.shape[0], ctx.prefilling, ctx.rows)) or forward(ids, ctx)
         try:
             together = gen.generate(requests)
         finally:
             del gen.target.forward
         assert [r.output_ids for r in together] == alone
-        assert steps[1] == (4, slice(0, 4)) and (2, slice(0, 2)) in steps  # after the prefill: all four, then two
-        assert all(rows == slice(0, n) for n, rows in steps[1:])  # every step reads slots 0..n-1 in place
+        assert steps[0][:2] == (4, True)  # the prefill, then steps of all four, then of two
+        assert steps[1] == (4, False, None) and (2, False, None) in steps
+        assert all(rows is None for _, _, rows in steps[1:])  # every step reads slots 0..n-1 in place
 
 
-def test_a_decode_step_copies_nothing_from_the_host_and_reads_the_device_once(builtin, monkeypatch):
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_decode_step_copies_nothing_from_the_host_and_reads_the_device_once(builtin, monkeypatch, padded):
     """Issue 15's rule, checked structurally on the CPU (on a GPU each of these is a host sync or a blocking copy):
     during steps that draft, decode plainly, mix a plain-only row with drafting ones, sample (plain and top-k) and
     move a request into a free slot, nothing builds a tensor from host data and the device is read once per step
-    (the emitted tokens: one [B, k + 2] copy); no .item(), .cpu(), .numpy() or Python conversion of a tensor."""
+    (the emitted tokens: one [B, k + 2] copy); no .item(), .cpu(), .numpy() or Python conversion of a tensor.
+    padded: the CUDA-graph step's shapes (rows, width and key span rounded up to buckets), eagerly."""
     from trtllm_dflash.sampling import SamplingParams
+    from trtllm_dflash.step_mode import StepMode, StepShapes
 
     gen = load_pipeline(*builtin).generator
+    gen.set_step_mode(StepMode("eager", StepShapes(min_span=16) if padded else None))
     prompts = held_out_prompts(3)
-    gen.allocate(3, 200, gen.block)
+    gen.allocate(4, 200, gen.block)
     gen.admit([Request(tuple(prompts[0][:20]), 3, SamplingParams(1.0, seed=1), ignore_eos=True)])
     plain_only = gen.admit([Request(tuple(prompts[1][:20]), 60, ignore_eos=True)], drafting=False)[0]
     gen.admit([Request(tuple(prompts[2][:20]), 60, SamplingParams(0.7, top_k=5, seed=2), ignore_eos=True)])

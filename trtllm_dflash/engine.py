@@ -29,6 +29,7 @@ from .pipeline import Pipeline, check_device
 from .rendezvous import join_local_group
 from .request import Request, Result
 from .speculative import AutoregressiveProposer, DFlashProposer
+from .step_mode import StepMode
 from .threads import set_threads
 
 DECODINGS = ("dflash", "plain")  # plain: the target alone, autoregressive (the baseline)
@@ -44,13 +45,16 @@ def read_torch_manifest(engine_dir: Path) -> Manifest:
     return manifest
 
 
-def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", decoding: str = "dflash") -> Pipeline:
+def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", decoding: str = "dflash",
+                step_mode: str | None = None) -> Pipeline:
     """One rank of a torch engine, reading only that rank's weight files. decoding="plain" skips the
-    drafter and decodes autoregressively with the target (the baseline a benchmark compares against)."""
+    drafter and decodes autoregressively with the target (the baseline a benchmark compares against).
+    step_mode: eager, compile or cuda-graphs (step_mode.py); None: the device's default."""
     if decoding not in DECODINGS:
         raise DFlashError(f"unknown decoding {decoding!r} (expected one of {', '.join(DECODINGS)})")
     engine_dir = Path(engine_dir)
     manifest = read_torch_manifest(engine_dir)
+    mode = StepMode.resolve(step_mode, device)
     tp, dtype = Parallel(rank, manifest.tp_size), DTYPES[manifest.dtype]
     t_dir, d_dir = engine_dir / "target", engine_dir / "drafter"
     t_cfg = TargetConfig.from_dict(read_config_json(t_dir), str(t_dir / "config.json"))
@@ -67,18 +71,20 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
         proposer = DFlashProposer(drafter, target)
         proposer.max_block_size = manifest.block_size  # the engine's block size is the limit
         pipeline = Pipeline(Generator(target, proposer, stops), loaded_target, LoadedDrafter(drafter, d_cfg, d_dir))
+    pipeline.generator.set_step_mode(mode)
     pipeline.warm_up()  # every rank alike: the first request pays no set-up (a served model's included)
     return pipeline
 
 
 def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,
                          device: str = "cpu", draft_len: str | int | None = AUTO,
-                         threads: int | None = None) -> list[Result]:
+                         threads: int | None = None, step_mode: str | None = None) -> list[Result]:
     """draft_len: see draft_length/settings.py. Ranks of a TP > 1 engine run independently here, so they
     must choose alike: 'auto' (timed per rank) becomes the whole block there; N and schedules are kept.
     threads: torch threads of the ranks this spawns (None: threads.default_threads for tp_size ranks);
-    a rank in this process keeps the caller's setting."""
+    a rank in this process keeps the caller's setting. step_mode: see `load_engine`."""
     check_device(device)
+    StepMode.resolve(step_mode, device)  # a bad mode fails here, not in a spawned rank
     manifest = read_torch_manifest(Path(engine_dir))
     for r in requests:  # generate() sizes its cache per call: without this it would run past the built limit
         r.check_length(manifest.limits["max_seq_len"], "this engine's max_seq_len")
@@ -88,15 +94,16 @@ def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_
         if dist.get_world_size() != manifest.tp_size:
             raise DFlashError(f"world size {dist.get_world_size()} != the engine's tp_size {manifest.tp_size}")
         return run_rank(engine_dir, dist.get_rank(), rank_device(device, dist.get_rank()), requests, block_size,
-                        draft_len)
+                        draft_len, step_mode)
     if manifest.tp_size == 1:
-        return run_rank(engine_dir, 0, device, requests, block_size, draft_len)
-    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device, draft_len, threads)
+        return run_rank(engine_dir, 0, device, requests, block_size, draft_len, step_mode)
+    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device, draft_len, threads,
+                       step_mode)
 
 
 def run_rank(engine_dir, rank: int, device: str, requests: list[Request], block_size: int | None,
-             draft_len) -> list[Result]:
-    generator = load_engine(engine_dir, rank, device).generator
+             draft_len, step_mode: str | None = None) -> list[Result]:
+    generator = load_engine(engine_dir, rank, device, step_mode=step_mode).generator
     log = (lambda line: print(f"dflash: {line}", file=sys.stderr)) if rank == 0 else None
     generator.policy = make_policy(draft_len, generator.block - 1, Path(engine_dir), log)
     return generator.generate(requests, block_size)
@@ -112,12 +119,14 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
 
 
-def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device, draft_len, threads=None) -> list[Result]:
+def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device, draft_len, threads=None,
+                step_mode=None) -> list[Result]:
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(engine_dir), requests, block_size, device,
-                                                  draft_len, threads, results), daemon=True) for r in range(world)]
+                                                  draft_len, threads, step_mode, results), daemon=True)
+             for r in range(world)]
     for p in procs:
         p.start()
     try:
@@ -145,11 +154,12 @@ def _collect(results, procs) -> list[Result]:
     return payload
 
 
-def _rank_main(rank, world, port, engine_dir, requests, block_size, device, draft_len, threads, results) -> None:
+def _rank_main(rank, world, port, engine_dir, requests, block_size, device, draft_len, threads, step_mode,
+               results) -> None:
     set_threads(threads, world)
     try:
         join_local_group("nccl" if device.startswith("cuda") else "gloo", rank, world, port)
-        out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, draft_len)
+        out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, draft_len, step_mode)
         if rank == 0:
             results.put(("ok", out))
     except DFlashError as exc:

@@ -23,6 +23,7 @@ from .request import Request, Result
 from .sampling import FIRST, SamplingBatch, SamplingParams, sample, token_probs, uniforms
 from .speculative.accept import accept
 from .speculative.base import Proposer, StepBatch
+from .step_mode import StepMode
 
 
 @dataclass
@@ -65,6 +66,14 @@ class Generator:
         self.block = proposer.max_block_size
         self.capacity = 0
         self.policy: DraftLenPolicy = FixedDraftLen()  # the whole block every step, unless told otherwise
+        self.step_mode = StepMode()
+        self.verify_pass = target  # the target's cached pass (plain step, verify): the module, or compiled
+
+    def set_step_mode(self, mode: StepMode) -> None:
+        """How steps run the target's and the proposer's passes (step_mode.py); call before `allocate`."""
+        self.step_mode = mode
+        self.verify_pass = mode.compile(self.target)
+        self.proposer.set_step_mode(mode)
 
     @torch.inference_mode()
     def generate(self, requests: list[Request], block_size: int | None = None) -> list[Result]:
@@ -83,10 +92,14 @@ class Generator:
         trained = self.proposer.max_block_size
         return check_block_size(trained if block_size is None else block_size, trained)
 
+    @torch.inference_mode(False)
     def allocate(self, num_slots: int, capacity: int, block: int) -> None:
-        """Caches for `num_slots` sequences of up to `capacity` positions (prompt + output + block)."""
+        """Caches for `num_slots` sequences of up to `capacity` positions (prompt + output + block). Normal tensors,
+        never inference tensors, whether or not the caller is in inference mode (`generate` is): steps update them
+        in place either way, and a compiled pass would take the two kinds for different inputs (a recompilation)."""
         self.cache = self.target.new_cache(num_slots, capacity, block)
         self.proposer.allocate(num_slots, capacity)
+        self.step_mode.caches(self.cache.tensors() + self.proposer.tensors())
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         steps = zeros.clone()
         table = SamplingBatch.of([SamplingParams()] * num_slots, [0] * num_slots, steps)
@@ -233,7 +246,7 @@ class Generator:
 
         k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
         Rows are the running sequences, which hold slots 0..B-1 (`compact` moves them there when a free slot lies
-        among them), so every cache is read in place.
+        among them), so every cache is read in place; padded steps (CUDA graphs) add free slots as rows.
         -> the sequences that ran (finished ones have `done` set and have left their slots)."""
         if not self.slots.running:
             return []
@@ -245,40 +258,47 @@ class Generator:
             k = 0
         if running[-1].slot != n - 1:  # free slots among the running ones
             running = self.compact(running)
+        self.step_mode.begin_step()
         began = time.perf_counter()
-        where = slice(0, n)  # rows 0..n-1 are slots 0..n-1: every cache is read in place
-        starts, anchors = self.slots.starts[where], self.slots.anchors[where]
+        rows, width = self.padded(n, k)
+        params = [s.request.sampling for s in running]
+        starts, anchors = self.slots.starts[:rows], self.slots.anchors[:rows]
         max_start = max(s.start for s in running)
-        sampling = self.slots.sampling.rows(where, [s.request.sampling for s in running])  # no host lists to copy
-        batch = StepBatch(anchors, starts, max_start, sampling)
+        sampling = self.slots.sampling.rows(slice(0, rows), params)  # no host lists to copy
+        batch = StepBatch(anchors, starts, max_start, sampling, shapes=self.step_mode.shapes)
         mixed = k > 0 and not all(keeping)  # plain-only rows ride along (see `propose`)
-        lengths = self.slots.drafting[where].long() * k if mixed else None  # [B] each row's own draft length
-        if k == 0:  # a plain step: the drafter does not run
-            drafts, draft_probs = anchors.new_zeros((n, 0)), None
-        else:
-            drafts, draft_probs = self.propose(batch, running, keeping, k) if mixed else self.proposer.propose(batch, k)
-        tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [B, K]
-        positions = starts[:, None] + torch.arange(tokens.shape[1], device=self.device)
+        lengths = self.own_draft_lengths(rows, k, width, mixed)
+        drafts, draft_probs = self.draft(batch, running, keeping, k, width - 1, mixed)
+        tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [rows, width]
+        positions = starts[:, None] + torch.arange(width, device=self.device)
         # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
-        commit = torch.ones_like(starts) if tokens.shape[1] == 1 else None
+        commit = torch.ones_like(starts) if width == 1 else None
         # the target's features feed the drafter's context: none are captured when no running request keeps one
-        # (plain-only requests alone), so such a step runs exactly the ops of plain decoding
-        capture = k > 0 or any(keeping)
-        ctx = ForwardContext.cached(positions, self.cache, max_start + tokens.shape[1], commit=commit,
+        # (plain-only requests alone), so such an eager step runs exactly the ops of plain decoding; compiled
+        # passes always capture (one graph instead of two; the captured rows are then left unused)
+        capture = any(keeping) or self.step_mode.compiled
+        ctx = ForwardContext.cached(positions, self.cache, batch.key_span(width), commit=commit,
                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
-        hidden, features = self.target(tokens, ctx)
-        num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), batch.sampling, lengths)
+        hidden, features = self.verify_pass(tokens, ctx)
+        slots = ctx.slots
+        if rows > n:  # padding rows (free slots) end here
+            slots, starts, positions, hidden, drafts = slots[:n], starts[:n], positions[:n], hidden[:n], drafts[:n]
+            features = None if features is None else features[:n]
+            draft_probs = None if draft_probs is None else draft_probs[:n]
+            lengths = None if lengths is None else lengths[:n]
+            sampling = self.slots.sampling.rows(slice(0, n), params)
+        num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), sampling, lengths)
         if commit is None:
-            self.target.commit(self.cache, ctx.slots, num_accepted + 1, tokens.shape[1])
-        if k == 0 and capture:
-            self.defer_drafting_rows(keeping, ctx.slots, features, positions)
-        self.slots.starts[where] = starts + num_accepted + 1
-        self.slots.anchors[where] = bonus
-        self.slots.steps[where] += 1
+            self.target.commit(self.cache, slots, num_accepted + 1, width)
+        if k == 0 and any(keeping):
+            self.defer_drafting_rows(keeping, slots, self.step_mode.keep(features), positions)
+        self.slots.starts[:n] = starts + num_accepted + 1
+        self.slots.anchors[:n] = bonus
+        self.slots.steps[:n] += 1
         drafted, accepted, bonuses = self.read_tokens(drafts, num_accepted, bonus)
         if k > 0:
             kept = sum(a + 1 for a, d in zip(accepted, keeping) if d)
-            self.commit_kept(ctx.slots, features, positions, num_accepted, kept, lengths)
+            self.commit_kept(slots, features, positions, num_accepted, kept, lengths if mixed else None)
         now = time.perf_counter()
         self.policy.timed(n, max_start, k, now - began)
         self.policy.observe([s.slot for s in running], k, accepted, keeping if mixed else None)
@@ -290,6 +310,34 @@ class Generator:
             seq.result.draft_lengths.append(own)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
+
+    def padded(self, n: int, k: int) -> tuple[int, int]:
+        """-> rows and tokens per row of this step's passes: n and k + 1, or rounded up to the step mode's buckets
+        (rows past n are free slots, whose results are dropped; tokens past k + 1 are padding drafts)."""
+        shapes = self.step_mode.shapes
+        if shapes is None:
+            return n, k + 1
+        return shapes.rows(n, len(self.slots.starts)), shapes.width(k + 1, self.block)
+
+    def own_draft_lengths(self, rows: int, k: int, width: int, mixed: bool) -> torch.Tensor | None:
+        """[rows] long, each row's own draft length where it differs from the pass's width - 1 (None: it does not):
+        plain-only rows draft 0 beside drafting ones, and padding drafts lie past k."""
+        if mixed:
+            return self.slots.drafting[:rows].long() * k
+        if width - 1 > k:
+            return torch.full((rows,), k, dtype=torch.long, device=self.device)
+        return None
+
+    def draft(self, batch: StepBatch, running: list[Sequence], keeping: list[bool], k: int, drafts: int,
+              mixed: bool):
+        """-> drafts [rows, drafts] (k of them each row's own, the rest padding) and their probabilities or None.
+        An eager mixed step runs the drafter over its drafting rows only (gathered); a compiled one over every
+        row (one shape), whose plain-only rows draft from stale context what `accept` never takes."""
+        if k == 0:  # a plain step: the drafter does not run
+            return batch.anchors.new_zeros((len(batch.anchors), 0)), None
+        if mixed and not self.step_mode.compiled:
+            return self.propose(batch, running, keeping, drafts)
+        return self.proposer.propose(batch, drafts)
 
     @staticmethod
     def read_tokens(drafts, num_accepted, bonus) -> tuple[list[list[int]], list[int], list[int]]:
@@ -322,27 +370,29 @@ class Generator:
             per_slot[dst] = per_slot[src]
         self.slots.sampling.move(src, dst)
         self.policy.move(src, dst)
-        del self.slots.running[src]
+        self.vacate(src)
         self.slots.running[dst], seq.slot = seq, dst
 
-    def propose(self, batch: StepBatch, running: list[Sequence], keeping: list[bool], k: int):
+    def propose(self, batch: StepBatch, running: list[Sequence], keeping: list[bool], num_drafts: int):
         """A drafting step with plain-only rows among its rows: the drafter runs the rows that keep its context
         (it has none for the others), and the plain-only rows verify padding (drafts 0, probabilities 0) that
-        `accept` never takes, so each gets exactly a plain step's token. -> drafts [B, k], probabilities
-        [B, k, V] or None. The verify costs every row k + 1 tokens: the cost model's price of a step of B rows.
-        The drafter reads the drafting rows' context gathered (a copy of those rows' drafter context K/V)."""
+        `accept` never takes, so each gets exactly a plain step's token. -> drafts [B, num_drafts], probabilities
+        [B, num_drafts, V] or None. The verify costs every row num_drafts + 1 tokens: the cost model's price of a
+        step of B rows. The drafter reads the drafting rows' context gathered (a copy of those rows' drafter
+        context K/V)."""
         rows = [seq for seq, kept in zip(running, keeping) if kept]
         index = self.drafting_rows(keeping)
         sampling = self.slots.sampling.rows(index, [seq.request.sampling for seq in rows])
-        sub = StepBatch(batch.anchors[index], batch.starts[index], max(seq.start for seq in rows), sampling, index)
-        own, own_probs = self.proposer.propose(sub, k)
-        drafts = batch.anchors.new_zeros((len(running), k)).index_copy_(0, index, own)
+        sub = StepBatch(batch.anchors[index], batch.starts[index], max(seq.start for seq in rows), sampling, index,
+                        batch.shapes)
+        own, own_probs = self.proposer.propose(sub, num_drafts)
+        drafts = batch.anchors.new_zeros((len(batch.anchors), num_drafts)).index_copy_(0, index, own)
         if own_probs is None:
             if batch.sampling.all_greedy:
                 return drafts, None
             # greedy drafting rows beside a sampling plain-only row: their proposals are one-hot
             own_probs = torch.nn.functional.one_hot(own, self.target.config.vocab_size).float()
-        return drafts, own_probs.new_zeros((len(running), *own_probs.shape[1:])).index_copy_(0, index, own_probs)
+        return drafts, own_probs.new_zeros((len(batch.anchors), *own_probs.shape[1:])).index_copy_(0, index, own_probs)
 
     def commit_kept(self, slots, features, positions, num_accepted, kept: int, lengths=None) -> None:
         """The drafter's context from a drafting step: only the tokens the target kept (each row's anchor and
@@ -410,4 +460,11 @@ class Generator:
             seq.result.finish_reason = reason
         seq.done = True
         seq.result.finish_s = now
-        self.slots.running.pop(seq.slot, None)
+        if self.slots.running.get(seq.slot) is seq:
+            self.vacate(seq.slot)
+
+    def vacate(self, slot: int) -> None:
+        """The slot is free: its committed length 0, so a padded step's row there writes positions 0.. (a device
+        write, no sync)."""
+        del self.slots.running[slot]
+        self.slots.starts[slot] = 0

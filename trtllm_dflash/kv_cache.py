@@ -1,7 +1,9 @@
 """Preallocated per-slot caches that attention reads in place.
 
 Each request owns one slot for its life. Layers declare a `LayerCacheSpec`:
-- "full": index == absolute position, `capacity` entries per slot. Rolling back to an accepted
+- "full": index == absolute position, `capacity` entries per slot (and one spare, never read: a pass reads at
+  most `capacity` keys, so a compiled pass never meets a key span equal to the tensor's size, which would
+  specialise it into another graph). Rolling back to an accepted
   length is just a smaller length: entries past it are never visible (see models/attention.py) and
   are rewritten before they are read.
 - "window": a ring of R = window + max_step_tokens - 1 entries, index = position % R, so memory is
@@ -9,7 +11,7 @@ Each request owns one slot for its life. Layers declare a `LayerCacheSpec`:
   verified block is rejected (a rejected entry can only shadow a position at least window + 1 behind
   every later query). Prefill writes only each row's last R real positions; the others go to a spare
   entry R that is never read.
-All "full" layers share one tensor per K and V, [L_full, S, H_kv, C, D] (head-major: SDPA reads it
+All "full" layers share one tensor per K and V, [L_full, S, H_kv, C + 1, D] (head-major: SDPA reads it
 directly, flash-attn through a transposed view, the fused context-KV op writes every layer in one
 launch). Recurrent (linear-attention) layers keep their state apart, in state_cache.py.
 """
@@ -37,7 +39,7 @@ class LayerCacheSpec:
 
 
 class FullKV:
-    """K/V of one layer at index == position: k, v [S, H_kv, C, D] (views of the shared tensors)."""
+    """K/V of one layer at index == position: k, v [S, H_kv, C + 1, D] (views of the shared tensors)."""
 
     kind = "full"
 
@@ -92,8 +94,8 @@ class KVCache:
     def __init__(self, specs: list[LayerCacheSpec], num_slots: int, num_kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, max_step_tokens: int = 1):
         full = [i for i, s in enumerate(specs) if s.kind == "full"]
-        shape = (len(full), num_slots, num_kv_heads, capacity, head_dim)
-        # k, v: [L_full, S, H_kv, C, D]
+        shape = (len(full), num_slots, num_kv_heads, capacity + 1, head_dim)
+        # k, v: [L_full, S, H_kv, C + 1, D]
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
@@ -107,6 +109,11 @@ class KVCache:
                 ring_shape = (num_slots, num_kv_heads, ring + 1, head_dim)
                 self.layers.append(WindowKV(torch.zeros(ring_shape, dtype=dtype, device=device),
                                             torch.zeros(ring_shape, dtype=dtype, device=device)))
+
+    def tensors(self) -> list[tuple[Tensor, tuple[int, ...]]]:
+        """What a pass reads and writes: every layer's k and v [S, H_kv, C or R + 1, D], with the dims an
+        allocation sizes (slots, capacity; `step_mode.StepMode.caches`)."""
+        return [(t, (0, 2)) for layer in self.layers for t in (layer.k, layer.v)]
 
     def move(self, src: int, dst: int, length: int) -> None:
         """A sequence changes slot: its entries at positions 0..length-1 of full layers (later ones are junk no

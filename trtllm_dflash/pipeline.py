@@ -14,6 +14,7 @@ from .loading import LoadedDrafter, LoadedTarget, load_drafter, load_target
 from .pairing import validate_pair
 from .request import Request
 from .speculative import AutoregressiveProposer, DFlashProposer
+from .step_mode import StepMode, compile_step_shapes
 
 
 @dataclass
@@ -30,18 +31,23 @@ class Pipeline:
         """One tiny greedy generation through the real step path, so one-time costs are paid at load and not
         in the first request's TTFT: the context_kv custom op imports torch._dynamo on its first call (about
         1 s on CPU), and kernels initialise on their first pass. The whole block is drafted (the drafter runs);
-        every rank of a TP engine runs the same generation, so their collectives match."""
+        every rank of a TP engine runs the same generation, so their collectives match. Compiled steps compile
+        every graph here (`step_mode.compile_step_shapes`)."""
         g = self.generator
         policy, g.policy = g.policy, FixedDraftLen()
         try:  # prompt 2 tokens, then prefill + one full drafting step (block + 1 tokens at most)
             g.generate([Request((0, 0), g.block + 1, ignore_eos=True)])
+            if g.step_mode.compiled:
+                compile_step_shapes(g)
         finally:
             g.policy = policy
 
 
 def load_pipeline(target: str | Path, drafter: str | Path | None = None, dtype: torch.dtype = torch.float32,
-                  device: str = "cpu") -> Pipeline:
+                  device: str = "cpu", step_mode: str | None = None) -> Pipeline:
+    """step_mode: eager, compile or cuda-graphs (step_mode.py); None: the device's default."""
     check_device(device)
+    mode = StepMode.resolve(step_mode, device)
     loaded_target = load_target(target, dtype, device)
     loaded_drafter = None
     proposer = AutoregressiveProposer()
@@ -50,6 +56,7 @@ def load_pipeline(target: str | Path, drafter: str | Path | None = None, dtype: 
         validate_pair(loaded_target.config, loaded_drafter.config)
         proposer = DFlashProposer(loaded_drafter.model, loaded_target.model)
     generator = Generator(loaded_target.model, proposer, loaded_target.stop_ids)
+    generator.set_step_mode(mode)
     pipeline = Pipeline(generator, loaded_target, loaded_drafter)
     pipeline.warm_up()
     return pipeline

@@ -32,6 +32,10 @@ class RecurrentState:
         self.gates = torch.zeros(num_layers, num_slots, block, 2, heads, device=device)
         self.block = block
 
+    def tensors(self) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
+        """Every state tensor with its slot dim (`KVCache.tensors`)."""
+        return [(t, (1,)) for t in (self.conv, self.ssm, self.mixed, self.gates)]
+
     def reset(self, slots: torch.Tensor) -> None:
         """A new sequence in these slots starts from zero state."""
         self.conv[:, slots] = 0

@@ -127,12 +127,14 @@ def run_calibrate(argv: list[str]) -> int:
                    "the cores this process may use, at most 8)")
     p.add_argument("--repeats", type=int, default=3, help="timed steps per grid point (the median is kept)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--step-mode", default="auto", help="how steps run, as the server will run them: eager, compile, "
+                   "cuda-graphs, or auto (default: cuda-graphs on CUDA, eager on a CPU; a cache key)")
     p.add_argument("--json", action="store_true", help="print the cost model as JSON")
     args = p.parse_args(argv)
     set_threads(args.threads)  # the calibration is valid for this thread count only (its cache key)
     if args.repeats < 1:
         raise DFlashError(f"--repeats must be at least 1, got {args.repeats}")
-    model, where = calibrate_engine(args.engine_dir, args.max_batch_size, args.repeats, args.device)
+    model, where = calibrate_engine(args.engine_dir, args.max_batch_size, args.repeats, args.device, args.step_mode)
     if args.json:
         print(json.dumps(model.to_json(), indent=1))
         return 0

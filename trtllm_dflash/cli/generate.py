@@ -11,6 +11,9 @@ from ..loading import DTYPES, parse_dtype
 from ..pipeline import load_pipeline
 from ..request import Request
 from ..sampling import SamplingParams
+from ..step_mode import AUTO as AUTO_MODE
+from ..step_mode import MODES as STEP_MODES
+from ..step_mode import StepMode
 from ..threads import set_threads
 from .common import Parser, model_path, run_cli
 
@@ -39,6 +42,9 @@ def parser() -> Parser:
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, help="torch threads per rank (default: the cores this process may use, "
                    "divided among an engine's ranks, at most 8)")
+    p.add_argument("--step-mode", choices=(AUTO_MODE, *STEP_MODES), default=AUTO_MODE,
+                   help="how decode steps run: eager, compile (torch.compile) or cuda-graphs (compiled into CUDA "
+                   "graphs, padded to batch buckets); auto (default): cuda-graphs on CUDA, eager on a CPU")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     return p
 
@@ -57,7 +63,7 @@ def prompt_ids(args, tokenizer, where) -> tuple[int, ...]:
 def generate_from_checkpoints(args, sampling: SamplingParams):
     args.threads = set_threads(args.threads)
     pipeline = load_pipeline(model_path(args.target, "target"), model_path(args.drafter, "drafter"),
-                             parse_dtype(args.dtype or "float32"), args.device)
+                             parse_dtype(args.dtype or "float32"), args.device, args.step_mode)
     request = Request(prompt_ids(args, pipeline.tokenizer, pipeline.target.path), args.max_new_tokens, sampling,
                       ignore_eos=args.ignore_eos)
     generator = pipeline.generator
@@ -81,7 +87,7 @@ def generate_from_engine(args, sampling: SamplingParams):
     tokenizer = load_tokenizer(engine / manifest.tokenizer) if manifest.tokenizer else None
     request = Request(prompt_ids(args, tokenizer, engine), args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
     return generate_with_engine(engine, [request], args.block_size, args.device, args.draft_len,
-                                args.threads)[0], tokenizer
+                                args.threads, args.step_mode)[0], tokenizer
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -93,7 +99,8 @@ def run(argv: list[str] | None = None) -> int:
     result, tokenizer = run_one(args, sampling)
     if dist.is_initialized() and dist.get_rank() != 0:
         return 0  # under torchrun, rank 0 reports
-    out = {**result.summary(), "threads": args.threads}
+    out = {**result.summary(), "threads": args.threads,
+           "step_mode": StepMode.resolve(args.step_mode, args.device).mode}
     if tokenizer is not None:
         out["text"] = tokenizer.decode(result.output_ids)
     if args.json:

@@ -36,6 +36,9 @@ def parser() -> Parser:
                    "draft_len_schedule FILE (running batch size -> draft length)")
     p.add_argument("--threads", type=int, help="torch engines: torch threads of the model (default: the cores "
                    "this process may use, divided among the engine's ranks, at most 8)")
+    p.add_argument("--step-mode", default="auto", help="torch engines: how decode steps run: eager, compile "
+                   "(torch.compile) or cuda-graphs; auto (default): cuda-graphs on a GPU, eager on a CPU; "
+                   "tensor-parallel engines run eager")
     p.add_argument("--write-only", action="store_true", help="write the repository (and, for trtllm engines, its "
                    "launch scripts) and exit")
     p.add_argument("--repository-only", action="store_true", help="write the model repository alone and exit (the "
@@ -86,7 +89,7 @@ def run(argv: list[str] | None) -> int:
     if not (args.repository_only or args.write_only or args.print_launch):
         check_ports_free(ends, args.openai_port)  # one line now, not a Triton log line after the model loads
     settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding, args.draft_len,
-                             args.threads)
+                             args.threads, args.step_mode)
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
     frontend = openai_settings(args)  # checked before anything is written

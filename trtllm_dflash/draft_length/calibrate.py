@@ -62,7 +62,7 @@ def device_name(device: torch.device) -> str:
 def calibration_key(generator) -> dict:
     """What a measured cost is valid for."""
     return {"device": device_name(generator.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "tp_size": generator.target.tp.world, "block": generator.block}
+            "tp_size": generator.target.tp.world, "block": generator.block, "step_mode": generator.step_mode.mode}
 
 
 def measure(generator, plan: CalibrationPlan, clock=time.perf_counter) -> CostModel:

@@ -33,7 +33,7 @@ def engine_cache(engine_dir: Path) -> CalibrationCache:
 
 
 def calibrate_engine(engine_dir: Path, max_batch: int | None = None, repeats: int = 3,
-                     device: str = "cpu") -> tuple[CostModel, Path | None]:
+                     device: str = "cpu", step_mode: str | None = None) -> tuple[CostModel, Path | None]:
     """`dflash-build calibrate`: measure a torch engine's step cost over its whole range (up to its
     max_batch_size and max_seq_len) and cache it where serving looks; -> (model, where it went)."""
     from ..engine import load_engine, read_torch_manifest
@@ -46,7 +46,7 @@ def calibrate_engine(engine_dir: Path, max_batch: int | None = None, repeats: in
     batch = max_batch or limits["max_batch_size"]
     if not 1 <= batch <= limits["max_batch_size"]:
         raise DFlashError(f"--max-batch-size must be in 1..{limits['max_batch_size']} (the engine's), got {batch}")
-    generator = load_engine(engine_dir, device=device).generator
+    generator = load_engine(engine_dir, device=device, step_mode=step_mode).generator
     generator.allocate(batch, limits["max_seq_len"], generator.block)
     plan = CalibrationPlan.covering(batch, generator.block - 1, generator.capacity - generator.block - 1, repeats)
     model = measure(generator, plan)

@@ -9,10 +9,11 @@ Design note: the contract every model family builds on.
 - The context (`ForwardContext`) carries everything per forward, passed whole: absolute positions
   [B, T], the cache and slots, the key span, and the RoPE tables and masks, each
   computed once and shared by every layer. Two modes:
-    prefill (`rows is None`): queries attend to this forward's own K/V (prompts start at position
+    prefill (`prefilling`): queries attend to this forward's own K/V (prompts start at position
       0); K/V are written to the cache at any `slots`, `lengths` [B] giving each row's real tokens;
-    cached (`rows = slice(0, B)`): batch row b is cache slot b; the new K/V are written in place,
-      then keys 0..kv_len-1 of each slot are read straight from the cache (a view, never a gather).
+    cached (`rows is None`): batch row b is cache slot b; the new K/V are written in place, then
+      keys 0..kv_len-1 of each slot are read straight from the cache (a view, never a gather); or
+      `rows` [B] names the slots, whose keys are gathered (a copy).
 - Visibility is derived from positions, never stored: causal: key <= query; block (DFlash
   drafting, `causal=False`): key < the row's block end; window W: query - key < W (and
   key - query < W when not causal). A slot's entries past its committed length are junk that no
@@ -94,11 +95,12 @@ class ForwardContext:
     positions: Tensor  # [B, T] long, absolute position of each query token, consecutive per row
     cache: object  # kv_cache.KVCache (or any cache whose .layers implement the layer-cache interface)
     slots: Tensor  # [B] long, the cache slot of each row
-    # cached mode: rows are slots rows.start.. read in place (a slice), or the slots named by a [B] long tensor
-    # (their cache rows gathered: the drafter's pass over the drafting rows of a step with plain-only rows);
-    # None: prefill
-    rows: slice | Tensor | None = None
-    kv_len: int = 0  # cached mode: keys 0..kv_len-1 of each slot are read (host int; the capacity when static)
+    prefilling: bool = False  # queries attend to this forward's own K/V; else to the cache (cached mode)
+    # cached mode: None: rows 0..B-1 are slots 0..B-1, read in place (the row count is the queries' shape, so a
+    # compiled pass needs no guard on it); or the slots named by a [B] long tensor (their cache rows gathered:
+    # the drafter's pass over the drafting rows of a step with plain-only rows)
+    rows: Tensor | None = None
+    kv_len: int = 0  # cached mode: keys 0..kv_len-1 of each slot are read (host int)
     lengths: Tensor | None = None  # prefill: [B] real tokens per row (right padding beyond)
     # [B] tokens of each row that recurrent layers fold into their state in this pass (prefill: the
     # lengths; plain decoding: ones); None defers it to `TargetModel.commit` after acceptance (verify)
@@ -109,26 +111,25 @@ class ForwardContext:
 
     @classmethod
     def prefill(cls, positions: Tensor, cache, slots: Tensor, lengths: Tensor, **kw) -> ForwardContext:
-        return cls(positions, cache, slots, None, 0, lengths, lengths, **kw)
+        return cls(positions, cache, slots, True, None, 0, lengths, lengths, **kw)
 
     @classmethod
     def cached(cls, positions: Tensor, cache, kv_len: int, slots: Tensor | None = None, **kw) -> ForwardContext:
         """Rows 0..B-1 are slots 0..B-1 (read in place), or the slots [B] given (gathered)."""
         if slots is None:
-            b = positions.shape[0]
-            return cls(positions, cache, torch.arange(b, device=positions.device), slice(0, b),
-                       min(kv_len, cache.capacity), **kw)
-        return cls(positions, cache, slots, slots, min(kv_len, cache.capacity), **kw)
+            slots = torch.arange(positions.shape[0], device=positions.device)
+            return cls(positions, cache, slots, False, None, min(kv_len, cache.capacity), **kw)
+        return cls(positions, cache, slots, False, slots, min(kv_len, cache.capacity), **kw)
 
     def attend(self, layer: int, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor,
                sinks: Tensor | None = None) -> Tensor:
         """q: [B, T, H, D]; k, v: [B, T, H_kv, D] this forward's -> [B, T, H, D] (and k, v stored)."""
         cache = self.cache.layers[layer]
         cache.write(self, k, v)
-        if self.rows is None:
+        if self.prefilling:
             keys, values, kind, k_pos = k.transpose(1, 2), v.transpose(1, 2), "prefill", self.positions
         else:
-            keys, values = cache.view(self.rows, self.kv_len)
+            keys, values = cache.view(slice(0, q.shape[0]) if self.rows is None else self.rows, self.kv_len)
             kind, k_pos = cache.kind, None
         mask = self.mask(spec, kind, cache, k_pos, q.dtype)
         return sdpa(q.transpose(1, 2), keys, values, mask, spec, sinks).transpose(1, 2)

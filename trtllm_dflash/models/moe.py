@@ -16,8 +16,6 @@ rank does the same share of every routed token's work and one all-reduce ends th
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -102,21 +100,34 @@ class Experts(nn.Module):
 
 def grouped_mm_ok(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     """torch's grouped GEMM needs a kernel for this device and dtype, and 16-byte aligned base
-    pointers and strides (aten/src/ATen/native/GroupedMMUtils.h, torch 2.10+)."""
+    pointers and strides (aten/src/ATen/native/GroupedMMUtils.h, torch 2.10+). A compiled pass
+    (step_mode.py) checks the strides only: its buffers come from its own aligned allocations, and the
+    kernel probe of an eager pass (prefill runs eagerly first) is read, not run."""
     if rows.dtype != weight.dtype or not rows.is_contiguous() or weight.stride(-1) != 1:
         return False
     item = rows.element_size()
-    aligned = all(t.data_ptr() % 16 == 0 and all(s * item % 16 == 0 for s in t.stride()[:-1])
+    compiling = torch.compiler.is_compiling()
+    aligned = all((compiling or t.data_ptr() % 16 == 0) and all(s * item % 16 == 0 for s in t.stride()[:-1])
                   for t in (rows, weight))
-    return aligned and grouped_mm_kernel(weight.device.type, rows.dtype)
+    key = (weight.device.type, rows.dtype)
+    if compiling:
+        return aligned and GROUPED_MM_KERNELS.get(key, False)
+    return aligned and grouped_mm_kernel(*key)
 
 
-@functools.cache
+GROUPED_MM_KERNELS: dict[tuple[str, torch.dtype], bool] = {}  # (device type, dtype) -> a kernel runs
+
+
 def grouped_mm_kernel(device_type: str, dtype: torch.dtype) -> bool:
     """Whether this torch has a grouped GEMM for the device and dtype (tried once on a tiny case:
     CUDA kernels exist for some architectures and dtypes only)."""
-    if GROUPED_MM is None:
-        return False
+    key = (device_type, dtype)
+    if key not in GROUPED_MM_KERNELS:
+        GROUPED_MM_KERNELS[key] = GROUPED_MM is not None and grouped_mm_runs(device_type, dtype)
+    return GROUPED_MM_KERNELS[key]
+
+
+def grouped_mm_runs(device_type: str, dtype: torch.dtype) -> bool:
     try:
         a = torch.ones(4, 8, dtype=dtype, device=device_type)
         b = torch.ones(2, 8, 8, dtype=dtype, device=device_type)

@@ -26,6 +26,9 @@ class HybridCache:
         self.kv, self.state = kv, state
         self.layers, self.capacity = kv.layers, kv.capacity
 
+    def tensors(self) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
+        return self.kv.tensors() + self.state.tensors()
+
     def move(self, src: int, dst: int, length: int) -> None:
         self.kv.move(src, dst, length)
         self.state.move(src, dst)

@@ -21,6 +21,8 @@ from ..builder.manifest import Manifest
 from ..draft_length.settings import AUTO, make_policy
 from ..engine import DECODINGS
 from ..errors import DFlashError
+from ..step_mode import AUTO as STEP_AUTO
+from ..step_mode import MODES as STEP_MODES
 from ..threads import resolve_threads
 
 # (name, Triton type, dims, optional) of TensorRT-LLM's llmapi model, plus our extensions
@@ -68,6 +70,7 @@ class ServeSettings:
     decoding: str = "dflash"  # "plain": serve the target alone (torch engines), the benchmark baseline
     draft_len: str = "auto"  # torch engines: auto | N | a draft_len_schedule file (draft_length/settings.py)
     threads: int | None = None  # torch engines: torch threads of the model (default: threads.default_threads)
+    step_mode: str = STEP_AUTO  # torch engines: eager | compile | cuda-graphs | auto (step_mode.py)
 
     def __post_init__(self):
         if self.decoding not in DECODINGS:
@@ -75,6 +78,8 @@ class ServeSettings:
         if not self.model_name or "/" in self.model_name:
             raise DFlashError(f"invalid model name {self.model_name!r}")
         resolve_threads(self.threads)  # at least 1, named as the flag
+        if self.step_mode != STEP_AUTO and self.step_mode not in STEP_MODES:
+            raise DFlashError(f"--step-mode must be one of {', '.join((STEP_AUTO, *STEP_MODES))}, got {self.step_mode!r}")
         for name in ("max_batch_size", "max_queue"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -123,6 +128,14 @@ def draft_len_param(settings: ServeSettings, manifest: Manifest) -> str:
     return str(Path(value).absolute()) if Path(value).is_file() else value
 
 
+def step_mode_param(settings: ServeSettings, manifest: Manifest) -> str:
+    """Served tensor-parallel torch engines run eager: their ranks are gloo CPU processes driven in lockstep."""
+    if manifest.tp_size > 1 and settings.step_mode not in (STEP_AUTO, "eager"):
+        raise DFlashError(f"--step-mode {settings.step_mode}: a served tensor-parallel torch engine (tp_size "
+                          f"{manifest.tp_size}) runs eager")
+    return settings.step_mode
+
+
 def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> Path:
     """-> the model directory inside `repo`."""
     engine_dir = Path(engine_dir).absolute()
@@ -134,7 +147,8 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
         params = {"engine_dir": engine_dir, "max_batch_size": batch, "max_queue": settings.max_queue,
                   "max_seq_len": manifest.limits["max_seq_len"], "tp_size": manifest.tp_size,
                   "decoding": settings.decoding, "draft_len": draft_len_param(settings, manifest),
-                  "threads": resolve_threads(settings.threads, manifest.tp_size)}
+                  "threads": resolve_threads(settings.threads, manifest.tp_size),
+                  "step_mode": step_mode_param(settings, manifest)}
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)

@@ -110,7 +110,8 @@ class TritonPythonModel:
         self.torch_thread.call(lambda: set_threads(int(params["threads"]) if "threads" in params else None,
                                                    int(params["tp_size"])))
         generator, self.tokenizer = self.torch_thread.call(
-            lambda: self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash")))
+            lambda: self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash"),
+                              params.get("step_mode")))
         # before the loop allocates: the cost-based policy calibrates (or reads its cache) then
         generator.policy = make_policy(params.get("draft_len"), generator.block - 1, Path(params["engine_dir"]),
                                        log=lambda line: print(f"dflash: {line}", file=sys.stderr, flush=True))
@@ -121,14 +122,14 @@ class TritonPythonModel:
                                 self.metrics["draft_length"].observe, os.environ.get(STOP_FILE_ENV), self.torch_thread)
         self.loop.start()
 
-    def load(self, engine_dir: str, tp: int, decoding: str):
-        """Rank 0 in this process; with tp > 1 the other ranks are spawned and driven in lockstep."""
+    def load(self, engine_dir: str, tp: int, decoding: str, step_mode: str | None):
+        """Rank 0 in this process; with tp > 1 the other ranks are spawned and driven in lockstep (eager)."""
         self.workers = []
         if tp == 1:  # on the GPU when the server has one (ranks of TP > 1 engines stay on gloo CPUs)
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            pipeline = load_engine(engine_dir, device=device, decoding=decoding)
+            pipeline = load_engine(engine_dir, device=device, decoding=decoding, step_mode=step_mode)
             return pipeline.generator, pipeline.tokenizer
         from ..rendezvous import join_local_group, listen_loopback
         from .lockstep import LockstepGenerator, spawn_workers

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..sampling import SamplingBatch
+from ..step_mode import StepMode, StepShapes
 
 
 @dataclass
@@ -20,6 +21,13 @@ class StepBatch:
     max_start: int  # host int, >= every row's start: sizes the key span without a device sync
     sampling: SamplingBatch
     slots: torch.Tensor | None = None  # [B] long cache slot of each row; None: rows 0..B-1 are slots 0..B-1
+    shapes: StepShapes | None = None  # the step mode's padding buckets (key spans rounded up to them)
+
+    def key_span(self, tokens: int) -> int:
+        """Keys a cached pass of `tokens` per row reads: every row's context and the tokens (a host int), rounded
+        up to a bucket when steps are padded (keys past a row's queries are never visible)."""
+        span = self.max_start + tokens
+        return span if self.shapes is None else self.shapes.span(span)
 
 
 class Proposer(ABC):
@@ -44,6 +52,13 @@ class Proposer(ABC):
         """`commit` for a plain step's tokens (T = 1), which the method may write later, batched: before
         its next `propose` or `commit`, so every write still lands in the order the tokens ran."""
         self.commit(slots, features, positions)
+
+    def set_step_mode(self, mode: StepMode) -> None:
+        """How the method's own passes run (step_mode.py); methods without a model ignore it."""
+
+    def tensors(self) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
+        """Per-slot state its passes read and write in place, with the dims an allocation sizes (`KVCache.tensors`)."""
+        return []
 
     @abstractmethod
     def move(self, src: int, dst: int, length: int) -> None:

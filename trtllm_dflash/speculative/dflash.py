@@ -43,11 +43,18 @@ class DFlashProposer(Proposer):
         self.context_kv = context_kv if fusable else "unfused"
         self.stacked = context_kv_weights(drafter) if self.context_kv != "unfused" else None
         self.cache: KVCache | None = None
+        self.draft_pass = drafter  # the drafter's cached pass: the module, or compiled (set_step_mode)
         self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # deferred (slots, features, positions)
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         self.cache = self.drafter.new_cache(num_slots, capacity)
         self.pending = []
+
+    def set_step_mode(self, mode) -> None:
+        self.draft_pass = mode.compile(self.drafter)
+
+    def tensors(self):
+        return self.cache.tensors()
 
     def commit(self, slots, features, positions) -> None:
         self.flush()
@@ -101,8 +108,8 @@ class DFlashProposer(Proposer):
         embeds = self.target.embed_tokens(block) * self.drafter.config.input_embedding_scale
         positions = batch.starts[:, None] + torch.arange(block_size, device=anchors.device)
         # The block's K/V go to the draft cache right after each row's context (scratch entries).
-        hidden = self.drafter(embeds, ForwardContext.cached(positions, self.cache, batch.max_start + block_size,
-                                                            slots=batch.slots))
+        hidden = self.draft_pass(embeds, ForwardContext.cached(positions, self.cache, batch.key_span(block_size),
+                                                               slots=batch.slots))
         # Slot k predicts the token at slot k (no shift); the anchor's output is discarded.
         logits = self.drafter.logits(hidden[:, 1:], self.target.lm_head)  # gathered over ranks
         sampling = batch.sampling

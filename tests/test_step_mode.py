@@ -1,0 +1,151 @@
+"""Compiled and padded decode steps (step_mode.py) compute what eager steps compute: greedy output equals
+transformers' whatever the draft lengths, padding rows (free slots) and padding drafts change no request's
+tokens, a warmed-up engine compiles nothing more while requests come and go, and a target that cannot compile
+runs eager with one warning. CUDA graphs themselves (inductor's reduce-overhead mode) need a GPU: the padded,
+compiled step they record is what runs here."""
+
+import itertools
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from oracle import hf_greedy
+from tiny_models import make_hf_target
+from trtllm_dflash.draft_length.policy import DraftLenPolicy
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.pairs import held_out_texts, stdlib_pair
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+from trtllm_dflash.sampling import SamplingParams
+from trtllm_dflash.step_mode import StepMode, StepShapes
+
+SHAPES = StepShapes(min_span=16)  # small buckets, so short test contexts cross several
+
+
+class Cycle(DraftLenPolicy):
+    """Draft lengths in turn: plain steps, short and whole-block drafts."""
+
+    def __init__(self, lengths=(0, 3, 15, 1, 7, 0, 2)):
+        self.lengths = itertools.cycle(lengths)
+
+    def choose(self, batch):
+        return next(self.lengths)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return stdlib_pair()  # a drafter that is accepted: steps accept partial blocks
+
+
+@pytest.fixture(scope="module")
+def oracle(pair):
+    return AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    tokenizer = load_pipeline(pair[0]).tokenizer
+    return [tokenizer(t, add_special_tokens=False)["input_ids"][: 6 + 7 * i] for i, t in enumerate(held_out_texts(5))]
+
+
+@pytest.fixture(scope="module")
+def compiled(pair):
+    return load_pipeline(*pair, step_mode="compile")  # the load-time warm-up compiles every graph
+
+
+def graphs() -> int:
+    return torch._dynamo.utils.counters["stats"]["unique_graphs"]
+
+
+def serve(gen, prompts, plain_only=2) -> list:
+    """As a server runs: one allocation of 4 slots; requests of different lengths join while others run (the
+    `plain_only`-th one without the drafter's context), finish, and leave free slots that later requests fill or
+    that running ones move into. -> the results in prompt order."""
+    gen.allocate(4, 160, gen.block)
+    gen.policy = Cycle()
+    waiting = [Request(tuple(p), 20 + 9 * (i % 3), ignore_eos=True) for i, p in enumerate(prompts)]
+    sequences = gen.admit(waiting[:2])
+    waiting = waiting[2:]
+    while gen.slots.running or waiting:
+        gen.step()
+        if waiting and len(gen.slots.free()) >= 2:  # two join at once, one of them plain-only
+            sequences += gen.admit([waiting.pop(0)], drafting=len(sequences) != plain_only)
+            sequences += gen.admit([waiting.pop(0)]) if waiting else []
+    return [s.result for s in sequences]
+
+
+def test_compiled_steps_equal_transformers_and_compile_nothing_after_the_load(compiled, prompts, oracle):
+    gen = compiled.generator
+    before = graphs()
+    results = serve(gen, prompts)
+    assert graphs() == before  # batch sizes 1-4, draft lengths 0-15, moves, a plain-only row: no new graph
+    assert not gen.verify_pass.failed and not gen.proposer.draft_pass.failed
+    for prompt, result in zip(prompts, results):
+        assert result.output_ids == hf_greedy(oracle, prompt, len(result.output_ids))
+    assert sum(r.accepted_tokens for r in results) > 0
+
+
+@pytest.mark.parametrize("mode", ["eager", "compile"])
+def test_padded_steps_equal_transformers(pair, compiled, prompts, oracle, mode):
+    """The CUDA-graph step's padding on the CPU: rows rounded up to a power of two (free slots), the verify width
+    to a power of two (padding drafts past each row's k), the key span to a bucket; eager and compiled."""
+    gen = compiled.generator if mode == "compile" else load_pipeline(*pair).generator
+    gen.set_step_mode(StepMode(mode, SHAPES))
+    passes = []  # (rows, width, key span, running requests)
+    verify = gen.verify_pass
+    gen.verify_pass = lambda ids, ctx: passes.append((*ids.shape, ctx.kv_len, len(gen.slots.running))) or verify(ids, ctx)
+    try:
+        results = serve(gen, prompts)
+        assert mode == "eager" or not (verify.failed or gen.proposer.draft_pass.failed)
+    finally:
+        gen.set_step_mode(StepMode(mode))
+    for prompt, result in zip(prompts, results):
+        assert result.output_ids == hf_greedy(oracle, prompt, len(result.output_ids))
+    assert all(rows in (1, 2, 4) and rows >= n for rows, _, _, n in passes)
+    assert any(rows > n for rows, _, _, n in passes)  # three requests ran as four rows
+    assert {width for _, width, _, _ in passes} == {1, 2, 4, 8, 16}  # k = 2 and 3 as 4 tokens, 7 as 8, 15 as 16
+    assert all(span in (16, 32, 64, 128, 160) for _, _, span, _ in passes)  # 160: the capacity
+
+
+def test_padding_rows_change_no_sampled_token(pair, prompts):
+    """Padding rows are free slots stepping junk: seeded sampled requests draw the same tokens (plain steps: no
+    width padding, the rows' random streams are their own)."""
+    outputs = []
+    for shapes in (None, SHAPES):
+        gen = load_pipeline(pair[0]).generator
+        gen.set_step_mode(StepMode("eager", shapes))
+        gen.allocate(4, 100, gen.block)
+        requests = [Request(tuple(p), 24, SamplingParams(0.9, top_k=20, seed=i), ignore_eos=True)
+                    for i, p in enumerate(prompts[:3])]
+        sequences = gen.admit(requests)
+        while gen.slots.running:
+            gen.step()  # three rows, and with SHAPES a fourth: the free slot
+        outputs.append([s.result.output_ids for s in sequences])
+    assert outputs[0] == outputs[1] and len(set(map(tuple, outputs[0]))) == 3
+
+
+def test_a_target_that_does_not_compile_runs_eager_with_one_warning(tmp_path, capfd):
+    """gpt-oss's experts run torch's grouped GEMM, whose compiled kernel takes bf16 only: in float32 the target's
+    pass fails to compile at the load's warm-up, warns once, and decodes exactly, eagerly."""
+    hf = make_hf_target(tmp_path / "t", "gpt_oss", seed=3)
+    pipeline = load_pipeline(tmp_path / "t", step_mode="compile")
+    gen = pipeline.generator
+    assert gen.verify_pass.failed and "bf16" in gen.verify_pass.failed.lower()
+    prompt = [5, 6, 7, 8, 9, 10, 11]
+    assert gen.generate([Request(tuple(prompt), 16, ignore_eos=True)])[0].output_ids == hf_greedy(hf, prompt, 16)
+    warnings = [line for line in capfd.readouterr().err.splitlines() if "does not compile" in line]
+    assert len(warnings) == 1 and "TargetModel" in warnings[0]
+
+
+def test_step_modes_are_validated():
+    assert StepMode.resolve(None, "cpu").mode == "eager" and StepMode.resolve("auto", "cpu").mode == "eager"
+    assert StepMode.resolve("compile", "cpu").shapes is None and StepMode("cuda-graphs").shapes == StepShapes()
+    with pytest.raises(DFlashError, match="cuda-graphs needs a CUDA device, got 'cpu'"):
+        StepMode.resolve("cuda-graphs", "cpu")
+    with pytest.raises(DFlashError, match="step mode must be one of eager, compile, cuda-graphs .* got 'fast'"):
+        StepMode("fast")
+    shapes = StepShapes(min_span=256)
+    assert [shapes.rows(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8] and shapes.rows(5, 6) == 6
+    assert [shapes.width(t, 16) for t in (1, 2, 3, 9, 16)] == [1, 2, 4, 16, 16]
+    assert [shapes.span(n) for n in (10, 256, 257, 5000)] == [256, 256, 512, 8192]

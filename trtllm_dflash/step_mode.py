@@ -1,0 +1,184 @@
+"""How a decode step runs its forwards: eagerly, compiled, or compiled into CUDA graphs.
+
+- eager: PyTorch ops one by one (the default on a CPU; every model family).
+- compile: the target's cached pass (a plain step's and the verify's) and the drafter's pass go through
+  `torch.compile` (whole graphs, `fullgraph=True`); prefill stays eager (prompt lengths vary too much to
+  pay for a graph). Shapes start static and become symbolic at their first change (automatic dynamic),
+  so the load-time warm-up (`Generator.warm_up_shapes`) compiles everything a server later meets: a
+  size-1 batch or a one-token pass stays specialised, so the target has at most four graphs and the
+  drafter two.
+- cuda-graphs (the default on CUDA): `compile` in inductor's "reduce-overhead" mode, which records one
+  CUDA graph per input shape and replays it: one launch per pass instead of hundreds. The running
+  batch, the verify width and the key span are padded to buckets (`StepShapes`), which bounds the
+  number of graphs; caches are static addresses (every replay writes them in place); tensors kept past
+  a step are copied out of the graphs' memory, which the next replay reuses.
+Every mode computes the same function; greedy output stays equal to the target's (tests compare the
+compiled and padded steps against transformers on the CPU, where `torch.compile` runs too). The
+CUDA-graph recording itself is inductor's and runs only on a GPU: not exercised on a CPU.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .errors import DFlashError
+
+MODES = ("eager", "compile", "cuda-graphs")
+AUTO = "auto"
+
+
+def pow2_ceil(n: int) -> int:
+    return 1 << max(n - 1, 0).bit_length()
+
+
+@dataclass(frozen=True)
+class StepShapes:
+    """The buckets a CUDA-graph step pads to (each a power of two): rows up to the generator's slots (padding
+    rows are free slots, whose results are dropped), the verify width (anchor + drafts) up to the block
+    (padding drafts are past each row's draft length, never accepted), the key span from `min_span` up (keys
+    past a row's query positions are never visible). Graphs: about log2(slots) x log2(block) x
+    log2(capacity / min_span)."""
+
+    min_span: int = 256  # keys
+
+    def rows(self, running: int, slots: int) -> int:
+        return min(pow2_ceil(running), slots)
+
+    def width(self, tokens: int, block: int) -> int:
+        return min(pow2_ceil(tokens), block)
+
+    def span(self, keys: int) -> int:
+        return max(pow2_ceil(keys), self.min_span)
+
+
+@dataclass(frozen=True)
+class StepMode:
+    """One validated choice of how steps run (see the module docstring); `resolve` applies the device's default."""
+
+    mode: str = "eager"
+    shapes: StepShapes | None = None  # padding buckets; cuda-graphs sets them (tests may set them in any mode)
+
+    def __post_init__(self):
+        if self.mode not in MODES:
+            raise DFlashError(f"step mode must be one of {', '.join(MODES)} (or {AUTO}), got {self.mode!r}")
+        if self.mode == "cuda-graphs" and self.shapes is None:
+            object.__setattr__(self, "shapes", StepShapes())
+
+    @classmethod
+    def resolve(cls, mode: str | None, device: torch.device | str) -> StepMode:
+        """mode None or 'auto': cuda-graphs on a CUDA device, eager elsewhere."""
+        cuda = torch.device(device).type == "cuda"
+        if mode in (None, AUTO):
+            return cls("cuda-graphs" if cuda else "eager")
+        if mode == "cuda-graphs" and not cuda:
+            raise DFlashError(f"step mode cuda-graphs needs a CUDA device, got {str(device)!r} (use compile or eager)")
+        return cls(mode)
+
+    @property
+    def compiled(self) -> bool:
+        return self.mode != "eager"
+
+    @property
+    def graphs(self) -> bool:
+        return self.mode == "cuda-graphs"
+
+    def compile(self, module: torch.nn.Module) -> Callable:
+        """module's forward(x, ctx) for cached passes: compiled in this mode (prefill calls the module itself)."""
+        return CompiledPass(module, self) if self.compiled else module
+
+    def caches(self, tensors: list[tuple[torch.Tensor, tuple[int, ...]]]) -> None:
+        """Caches that compiled passes read and write in place, each with its dims that vary between allocations
+        (slots, capacity): symbolic, so a new allocation (`Generator.generate` sizes one per call) compiles
+        nothing; under CUDA graphs static addresses (written in place by every replay, never copied in)."""
+        if not self.compiled:
+            return
+        for t, dims in tensors:
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+            if self.graphs:
+                torch._dynamo.mark_static_address(t)
+
+    def begin_step(self) -> None:
+        """A new step: the graphs' outputs of the last one may be overwritten from here on."""
+        if self.graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+
+    def keep(self, t: torch.Tensor | None) -> torch.Tensor | None:
+        """A pass's output kept past this step (deferred drafter context): copied out of graph memory."""
+        return t.clone() if self.graphs and t is not None else t
+
+
+def compile_step_shapes(generator) -> None:
+    """A compiled generator's graphs, compiled now (at load) rather than in a request. Batches of 1, 2 and 3 rows
+    (among one slot or several) step plain, one draft and the whole block, twice each at growing key spans, so
+    every size that varies has varied (symbolic from then on) in each specialisation (one row or several, one
+    slot or several, one token or a block). Leaves the generator allocated and idle."""
+    from .request import Request
+
+    g = generator
+    lens = tuple(sorted({0, min(1, g.block - 1), g.block - 1}))
+    steps = 2 * len(lens)
+    for slots, batch in ((1, 1), (4, 1), (4, 2), (4, 3)):
+        prompts = [(0,) * (2 + i) for i in range(batch)]
+        g.allocate(slots, 2 + batch + steps * g.block + g.block + 1, g.block)
+        sequences = g.admit([Request(p, steps * g.block, ignore_eos=True) for p in prompts])
+        for k in lens * 2:
+            g.step(k)
+        for seq in sequences:
+            if not seq.done:
+                g.cancel(seq, "warm-up")
+
+
+# Graphs per compiled function: batch 1 or more, one token or a block, one slot or several (a size of 1 is
+# always specialised), each compiled once with static sizes and once symbolic: torch's default of 8 is too few
+RECOMPILE_LIMIT = 32
+
+
+def compile_errors() -> tuple[type[Exception], ...]:
+    """What torch.compile raises when a function cannot be compiled (imported on use: torch._dynamo takes about
+    a second to import, which an eager engine never pays)."""
+    from torch._dynamo import exc
+
+    return exc.TorchDynamoException, exc.FailOnRecompileLimitHit
+
+
+class CompiledPass:
+    """A module's cached pass through torch.compile. A pass that cannot compile as one graph (data-dependent
+    control flow, an op without a compiled kernel: torch's grouped GEMM compiles for bf16 only) runs eager from
+    then on, with one warning line: it fails at the load-time warm-up, before any request."""
+
+    def __init__(self, module: torch.nn.Module, mode: StepMode):
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        if mode.graphs:  # one CUDA graph per bucket of shapes: more than inductor warns about (50) by design
+            import torch._inductor.config as inductor
+
+            inductor.triton.cudagraph_dynamic_shape_warn_limit = None
+        self.module = module
+        self.compiled = torch.compile(module, fullgraph=True, dynamic=None,
+                                      mode="reduce-overhead" if mode.graphs else "default")
+        self.failed: str | None = None
+
+    def __call__(self, x: torch.Tensor, ctx):
+        if self.failed:
+            return self.module(x, ctx)
+        # rows and tokens vary from step to step: symbolic from the first graph on (a size of 1 stays
+        # specialised), instead of one recompilation per new size
+        for t, dims in ((x, (0, 1)), (ctx.positions, (0, 1)), (ctx.slots, (0,))):
+            for dim in dims:
+                torch._dynamo.maybe_mark_dynamic(t, dim)
+        try:
+            return self.compiled(x, ctx)
+        except Exception as exc:  # raised while compiling, before the pass ran: nothing was written
+            if not isinstance(exc, compile_errors()):
+                raise
+            cause = exc
+            while (cause.__cause__ or cause.__context__) is not None:  # the innermost error says what failed
+                cause = cause.__cause__ or cause.__context__
+            self.failed = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0][:300]}"
+            print(f"trtllm_dflash: warning: the {type(self.module).__name__} pass does not compile, it runs eager: "
+                  f"{self.failed}", file=sys.stderr, flush=True)
+            return self.module(x, ctx)
