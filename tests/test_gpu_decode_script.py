@@ -34,3 +34,26 @@ def test_without_a_gpu_it_says_so():
         pytest.skip("a GPU is here")
     run = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 1 and "no CUDA device here" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_schedule_smoke_run_chooses_the_best_draft_length_per_batch(tmp_path):
+    """benchmarks/gpu_schedule.py (tiny shapes, eager, on the CPU): the schedule it writes is a valid TensorRT-LLM
+    schedule whose every step is the batch's best expected tokens/s, capped by the first, and the stated tau
+    holds for the acceptance it solved for."""
+    from trtllm_dflash.draft_len_schedule import read_schedule
+
+    out = tmp_path / "gpu_schedule.json"
+    run = subprocess.run([sys.executable, str(SCRIPT.with_name("gpu_schedule.py")), "--tiny", "--device", "cpu",
+                          "--step-mode", "eager", "--max-batch", "4", "--repeats", "1", "--output", str(out)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads(out.read_text())
+    a = record["acceptance_per_position"]
+    assert sum(a ** i for i in range(16)) == pytest.approx(6.49, rel=1e-6)
+    schedule = read_schedule(out.with_suffix(".yaml"))
+    assert [b for b, _ in schedule.steps] == [r["batch"] for r in record["rows"]] == [1, 2, 4]
+    first = record["rows"][0]["best"]
+    for row, (_, k) in zip(record["rows"], schedule.steps):
+        rates = row["tokens_per_s"]
+        assert row["best"] == rates.index(max(rates)) and k == min(row["best"], first)
+        assert rates[3] == pytest.approx(row["batch"] * sum(a ** i for i in range(4)) / row["seconds"][3])

@@ -1,0 +1,113 @@
+"""A calibrated draft-length schedule at Qwen3-8B shapes on one GPU (issue 16): step cost measured, draft length
+chosen per running batch size for a stated acceptance profile.
+
+    python benchmarks/gpu_schedule.py [--device cuda] [--step-mode cuda-graphs] [--max-batch 64] \\
+        [--context 1024] [--tau 6.49] [--repeats 3]
+    python benchmarks/gpu_schedule.py --tiny --device cpu --step-mode eager   # a smoke run of the script (CI)
+
+The model pair is gpu_decode.py's (Qwen3-8B shapes, bf16, random weights, a 5-layer block-16 drafter). The
+runtime's own calibration (`draft_length.calibrate.measure`, what `dflash-build calibrate` runs) times whole
+steps over batch sizes 1, 2, 4, ... --max-batch, draft lengths 0, 1, 2, 4, 8, 15 and contexts 128 and --context.
+Random weights accept nothing, so acceptance is a stated profile: every draft position accepted with the same
+probability a, chosen so that a whole block's expected tokens per step are --tau (1 + a + ... + a^15 = tau; the
+default 6.49 is the τ issue 15 projects from). Expected tokens at draft length k: (1 - a^(k+1)) / (1 - a).
+For each calibrated batch size B the chosen k maximises B x tokens(k) / seconds(B, k, --context); the schedule
+follows TensorRT-LLM's rules (draft_len_schedule.py: the smallest threshold maps to the longest length, later
+lengths are capped by it). It describes this runtime's step costs on this GPU: a TensorRT-LLM deployment's own
+schedule comes from `dflash-bench tune` against its server. Writes benchmarks/results/gpu_schedule.json and the
+schedule as YAML beside it; prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from gpu_decode import BLOCK, QWEN3_8B, TINY, build, set_mode  # noqa: E402
+
+OUT = Path(__file__).parent / "results" / "gpu_schedule.json"
+
+
+def acceptance_for_tau(tau: float, max_draft_len: int) -> float:
+    """The per-position acceptance a with 1 + a + ... + a^max_draft_len = tau (bisection; tau in [1, K + 1])."""
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if expected_tokens(mid, max_draft_len) < tau else (low, mid)
+    return (low + high) / 2
+
+
+def expected_tokens(a: float, k: int) -> float:
+    return float(sum(a ** i for i in range(k + 1)))
+
+
+def choose(cost, a: float, context: int, max_draft_len: int) -> list[dict]:
+    """Per calibrated batch size: expected output tokens/s of the batch at every draft length, and the best."""
+    rows = []
+    for batch in cost.batch_sizes:
+        seconds = cost.step_seconds(batch, context, max_draft_len)  # [K + 1]
+        rates = [batch * expected_tokens(a, k) / s for k, s in enumerate(seconds)]
+        best = int(np.argmax(rates))
+        rows.append({"batch": batch, "seconds": [float(s) for s in seconds], "tokens_per_s": rates, "best": best,
+                     "gain_over_plain": rates[best] / rates[0]})
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--step-mode", default="cuda-graphs", help="eager, compile or cuda-graphs")
+    p.add_argument("--max-batch", type=int, default=64)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--tau", type=float, default=6.49, help="expected tokens per step drafting the whole block")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tiny", action="store_true", help="tiny shapes, float32: a smoke run of the script")
+    p.add_argument("--output", default=str(OUT))
+    args = p.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("gpu_schedule.py: no CUDA device here (use --tiny --device cpu --step-mode eager)")
+    if not 1 <= args.tau <= BLOCK:
+        raise SystemExit(f"gpu_schedule.py: --tau must be in [1, {BLOCK}], got {args.tau}")
+    from trtllm_dflash.draft_len_schedule import DraftLenSchedule, write_schedule
+    from trtllm_dflash.draft_length.calibrate import CalibrationPlan, measure
+
+    shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN3_8B, torch.bfloat16)
+    context = min(args.context, 64) if args.tiny else args.context
+    started = time.perf_counter()
+    generator, _ = build(shape, 2 if args.tiny else 5, args.device, dtype)
+    compile_s = set_mode(generator, args.step_mode, args.device)
+    max_draft_len = BLOCK - 1
+    generator.allocate(args.max_batch, context + 2 * BLOCK + 2, BLOCK)
+    with torch.inference_mode():
+        cost = measure(generator, CalibrationPlan.covering(args.max_batch, max_draft_len, context, args.repeats))
+    a = acceptance_for_tau(args.tau, max_draft_len)
+    rows = choose(cost, a, context, max_draft_len)
+    first = rows[0]["best"]
+    schedule = DraftLenSchedule(tuple((r["batch"], min(r["best"], first)) for r in rows),
+                                f"benchmarks/gpu_schedule.py on {cost.meta['device']}, tau {args.tau}")
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "device": cost.meta["device"], "torch": torch.__version__, "shapes": "tiny" if args.tiny else "Qwen3-8B",
+              "dtype": str(dtype).removeprefix("torch."), "step_mode": generator.step_mode.mode, "compile_s": compile_s,
+              "context": context, "tau": args.tau, "acceptance_per_position": a, "cost_model": cost.to_json(),
+              "rows": rows, "schedule": {str(b): k for b, k in schedule.steps}, "wall_s": time.perf_counter() - started}
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    write_schedule(out.with_suffix(".yaml"), schedule)
+    print(f"{cost.meta['device']}, {generator.step_mode.mode}, context {context}, tau {args.tau} (a = {a:.3f})",
+          file=sys.stderr)
+    for row in rows:
+        print(f"  batch {row['batch']:3}: k = {row['best']:2}  {row['gain_over_plain']:.2f}x plain  "
+              f"(plain step {row['seconds'][0] * 1e3:.2f} ms)", file=sys.stderr)
+    print(f"schedule: {dict(schedule.steps)} -> {out.with_suffix('.yaml')}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
