@@ -39,6 +39,7 @@ def test_generate_json_contract_with_builtin_pair(builtin):
     assert len(spec["draft_lengths"]) == len(spec["acceptance_lengths"]) and set(spec["draft_lengths"]) <= set(range(8))
     assert all(a <= k + 1 for a, k in zip(spec["acceptance_lengths"], spec["draft_lengths"]))
     assert plain["draft_lengths"] == [0] * 39
+    assert spec["step_mode"] == plain["step_mode"] == "eager"  # auto on a CPU
     tokenizer = load_target(builtin[0]).tokenizer
     assert spec["text"] == tokenizer.decode(spec["output_ids"])
 

@@ -95,6 +95,15 @@ def test_bad_threads_is_one_line_and_exit_2(engine, tmp_path, value, message):
     assert not (tmp_path / "repo").exists()
 
 
+@pytest.mark.parametrize("value, message", [
+    ("cuda-graphs", "step mode cuda-graphs needs a CUDA device, got 'cpu' (use compile or eager)"),
+    ("fast", "argument --step-mode: invalid choice: 'fast' (choose from ")])  # argparse quotes choices by version
+def test_bad_step_mode_is_one_line_and_exit_2(engine, value, message):
+    bad = generate(engine, "--max-new-tokens", "4", "--step-mode", value)
+    assert bad.returncode == 2 and bad.stdout == "" and bad.stderr.startswith(f"dflash-generate: error: {message}")
+    assert bad.stderr.count("\n") == 1
+
+
 def test_serve_passes_threads_to_the_triton_model(engine, tmp_path):
     from trtllm_dflash.serve.repository import validate_pbtxt
     from trtllm_dflash.threads import default_threads

@@ -233,3 +233,21 @@ def test_serve_help_describes_every_option():
     from trtllm_dflash.cli.serve import parser
 
     assert [a.dest for a in parser()._actions if not a.help] == []
+
+
+def test_step_mode_reaches_the_served_model_and_bad_ones_fail_early(builtin, tmp_path):
+    """--step-mode is a model parameter (the Triton model loads the engine in it); an unknown mode, and a compiled
+    one for a tensor-parallel torch engine (its served ranks run eager), fail when the repository is written."""
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
+
+    engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e")), "test")
+    model = write_repository(engine, tmp_path / "repo", ServeSettings("m", step_mode="compile"))
+    assert validate_pbtxt((model / "config.pbtxt").read_text()).parameters["step_mode"].string_value == "compile"
+    with pytest.raises(DFlashError, match="--step-mode must be one of auto, eager, compile, cuda-graphs, got 'fast'"):
+        ServeSettings("m", step_mode="fast")
+    tp2 = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "tp2"), tp=2), "test")
+    with pytest.raises(DFlashError, match="--step-mode compile: a served tensor-parallel torch engine .tp_size 2. "
+                                          "runs eager"):
+        write_repository(tp2, tmp_path / "repo2", ServeSettings("m", step_mode="compile"))
+    assert write_repository(tp2, tmp_path / "repo3", ServeSettings("m", step_mode="eager")).is_dir()
