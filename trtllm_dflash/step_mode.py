@@ -131,6 +131,11 @@ def compile_step_shapes(generator) -> None:
         for seq in sequences:
             if not seq.done:
                 g.cancel(seq, "warm-up")
+    # inductor's compile workers (subprocesses) are idle from here on; left running they made a served model's
+    # unload outlast tritonserver's exit timeout. A later compilation, should one happen, starts them again.
+    from torch._inductor.async_compile import shutdown_compile_workers
+
+    shutdown_compile_workers()
 
 
 # Graphs per compiled function: batch 1 or more, one token or a block, one slot or several (a size of 1 is

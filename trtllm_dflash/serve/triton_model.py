@@ -8,6 +8,7 @@ the `num_output_tokens`, `num_input_tokens`, `num_draft_steps` outputs (the serv
 from __future__ import annotations
 
 import json
+import locale
 import os
 import sys
 from concurrent.futures import wait
@@ -101,8 +102,20 @@ def strings(request, name: str) -> tuple[str, ...]:
     return () if items is None else tuple(decoded(name, v) for v in items)
 
 
+def utf8_text_locale() -> None:
+    """The Python backend's stub embeds an interpreter that leaves the C library's LC_CTYPE at "C", so text files
+    open as ASCII by default; torch.compile (inductor) reads its UTF-8 kernel templates that way and failed
+    (`--step-mode compile` ran eager). C.UTF-8 ships with glibc >= 2.35 and Debian/Ubuntu images."""
+    try:
+        locale.setlocale(locale.LC_CTYPE, "C.UTF-8")
+    except locale.Error:
+        print(f"dflash: warning: no C.UTF-8 locale; text files open as {locale.getpreferredencoding(False)}",
+              file=sys.stderr, flush=True)
+
+
 class TritonPythonModel:
     def initialize(self, args):
+        utf8_text_locale()
         config = json.loads(args["model_config"])
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         # every torch call of this process (load, warm-up, calibration, steps) runs on this one thread
