@@ -93,14 +93,16 @@ class StepMode:
     def caches(self, tensors: list[tuple[torch.Tensor, tuple[int, ...]]]) -> None:
         """Caches that compiled passes read and write in place, each with its dims that vary between allocations
         (slots, capacity): symbolic, so a new allocation (`Generator.generate` sizes one per call) compiles
-        nothing; under CUDA graphs static addresses (written in place by every replay, never copied in)."""
+        nothing; under CUDA graphs static addresses (written in place by every replay, never copied in), unguarded:
+        a server's allocation after the warm-up's re-records its graphs at the new addresses instead of
+        recompiling them."""
         if not self.compiled:
             return
         for t, dims in tensors:
             for dim in dims:
                 torch._dynamo.maybe_mark_dynamic(t, dim)
             if self.graphs:
-                torch._dynamo.mark_static_address(t)
+                torch._dynamo.mark_static_address(t, guard=False)
 
     def begin_step(self) -> None:
         """A new step: the graphs' outputs of the last one may be overwritten from here on."""
