@@ -3,15 +3,16 @@
 - eager: PyTorch ops one by one (the default on a CPU; every model family).
 - compile: the target's cached pass (a plain step's and the verify's) and the drafter's pass go through
   `torch.compile` (whole graphs, `fullgraph=True`); prefill stays eager (prompt lengths vary too much to
-  pay for a graph). Shapes start static and become symbolic at their first change (automatic dynamic),
-  so the load-time warm-up (`Generator.warm_up_shapes`) compiles everything a server later meets: a
-  size-1 batch or a one-token pass stays specialised, so the target has at most four graphs and the
-  drafter two.
+  pay for a graph). Rows and tokens are symbolic from the first graph, the key span and the caches' sizes
+  from their first change (automatic dynamic), so the load-time warm-up (`compile_step_shapes`) compiles
+  everything a server later meets (tested): a size of 1 stays specialised (one row or several, one slot or
+  several, one token or a block), about eight graphs per pass.
 - cuda-graphs (the default on CUDA): `compile` in inductor's "reduce-overhead" mode, which records one
   CUDA graph per input shape and replays it: one launch per pass instead of hundreds. The running
   batch, the verify width and the key span are padded to buckets (`StepShapes`), which bounds the
-  number of graphs; caches are static addresses (every replay writes them in place); tensors kept past
-  a step are copied out of the graphs' memory, which the next replay reuses.
+  number of graphs (recorded on first use: the load's calibration records most); caches are static
+  addresses (every replay writes them in place); tensors kept past a step are copied out of the graphs'
+  memory, which the next replay reuses.
 Every mode computes the same function; greedy output stays equal to the target's (tests compare the
 compiled and padded steps against transformers on the CPU, where `torch.compile` runs too). The
 CUDA-graph recording itself is inductor's and runs only on a GPU: not exercised on a CPU.
