@@ -10,7 +10,7 @@
 - cuda-graphs (the default on CUDA): `compile` in inductor's "reduce-overhead" mode, which records one
   CUDA graph per input shape and replays it: one launch per pass instead of hundreds. The running
   batch, the verify width and the key span are padded to buckets (`StepShapes`), which bounds the
-  number of graphs (recorded on first use: the load's calibration records most); caches are static
+  number of graphs (each recorded on its first use); caches are static
   addresses (every replay writes them in place); tensors kept past a step are copied out of the graphs'
   memory, which the next replay reuses.
 Every mode computes the same function; greedy output stays equal to the target's (tests compare the
