@@ -11,6 +11,8 @@ tokens/s (prefill included) of two runs over the same prompts, alternating which
   plain_b1, plain_b8     compiled plain / eager plain, batch 1 and 8 (prompts cut to one length for batch 8)
   dflash_b1, dflash_b8   compiled DFlash / eager DFlash
   dflash_vs_plain_eager, dflash_vs_plain_compiled   DFlash / plain at batch 1 in each mode
+  dflash_auto_vs_plain_eager, dflash_auto_vs_plain_compiled   the same with --draft-len auto (each step's draft
+                         length from a step cost calibrated in that mode and live acceptance)
 Outputs are checked identical across modes and between DFlash and plain. Writes
 benchmarks/results/cpu_step_modes.json; prints a table last.
 """
@@ -82,6 +84,8 @@ def case(a, b) -> dict:
 
 
 def run_cases(eager, compiled, args) -> dict:
+    from trtllm_dflash.draft_length.settings import make_policy
+
     n, reps = args.max_new_tokens, args.repeats
     tokenizer = eager["plain"].tokenizer
     one, same = prompts(tokenizer, args.prompts), prompts(tokenizer, 8, args.batch_prompt_tokens)
@@ -96,6 +100,12 @@ def run_cases(eager, compiled, args) -> dict:
     for label, engines in (("eager", eager), ("compiled", compiled)):
         a, b = interleaved(lambda: run(engines["dflash"], one, n, 1), lambda: run(engines["plain"], one, n, 1), reps)
         cases[f"dflash_vs_plain_{label}"] = case(a, b)
+    for label, engines in (("eager", eager), ("compiled", compiled)):  # the draft length chosen every step
+        generator = engines["dflash"].generator
+        generator.policy = make_policy("auto", generator.block - 1)  # calibrated in this step mode
+        run(engines["dflash"], one[:1], 8, 1)
+        a, b = interleaved(lambda: run(engines["dflash"], one, n, 1), lambda: run(engines["plain"], one, n, 1), reps)
+        cases[f"dflash_auto_vs_plain_{label}"] = case(a, b)
     return cases
 
 
