@@ -37,14 +37,23 @@ def loaded_models(http_url: str) -> list[str]:
     return [m["name"] for m in index if m.get("state", "READY") == "READY"]
 
 
+def models_in_memory(http_url: str) -> list[str]:
+    """Names of the models the server still holds: READY, or LOADING or UNLOADING (repository index). A model
+    being unloaded is not READY, yet its `finalize` and process are still ending: a SIGTERM then makes Triton
+    wait its exit timeout for it, and a compiled model's process takes about 3 s to end (`--step-mode compile`:
+    the server exited 1)."""
+    index = request_json(f"{http_url}/v2/repository/index", {}) or []
+    return [m["name"] for m in index if m.get("state", "READY") in ("READY", "LOADING", "UNLOADING")]
+
+
 def unload_all(http_url: str, timeout: float) -> bool:
-    """Ask the server to unload every model; -> True once none is loaded (within `timeout` seconds)."""
+    """Ask the server to unload every model; -> True once none is held any more (within `timeout` seconds)."""
     deadline = time.monotonic() + timeout
     try:
         for name in loaded_models(http_url):
             request_json(f"{http_url}/v2/repository/models/{name}/unload", {})
         while time.monotonic() < deadline:
-            if not loaded_models(http_url):
+            if not models_in_memory(http_url):
                 return True
             time.sleep(0.1)
     except (OSError, ValueError):  # the server is already going away (HTTPError is an OSError)
