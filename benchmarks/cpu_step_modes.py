@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_decode import interleaved, prompts  # the same prompts, the same alternation
+
 OUT = Path(__file__).parent / "results" / "cpu_step_modes.json"
 
 
@@ -46,13 +49,6 @@ def load(mode: str):
     return engines, load_s
 
 
-def prompts(tokenizer, count: int, length: int | None = None) -> list[tuple[int, ...]]:
-    from trtllm_dflash.pairs import held_out_texts
-
-    ids = [tuple(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in held_out_texts(count)]
-    return ids if length is None else [p[:length] for p in ids]
-
-
 def run(pipeline, prompt_ids, new_tokens: int, batch: int):
     """-> (seconds, output ids), requests `batch` at a time."""
     from trtllm_dflash.request import Request
@@ -61,19 +57,6 @@ def run(pipeline, prompt_ids, new_tokens: int, batch: int):
     t0 = time.perf_counter()
     results = [r for i in range(0, len(requests), batch) for r in pipeline.generator.generate(requests[i:i + batch])]
     return time.perf_counter() - t0, [r.output_ids for r in results]
-
-
-def interleaved(run_a, run_b, repeats: int) -> tuple[list, list]:
-    """-> results of A and of B, one each per repeat, alternating which goes first."""
-    a, b = [], []
-    for r in range(repeats):
-        if r % 2:
-            b.append(run_b())
-            a.append(run_a())
-        else:
-            a.append(run_a())
-            b.append(run_b())
-    return a, b
 
 
 def case(a, b) -> dict:
@@ -95,16 +78,19 @@ def run_cases(eager, compiled, args) -> dict:
     cases = {}
     for name in ("plain", "dflash"):
         for batch, ids in ((1, one), (8, same)):
-            a, b = interleaved(lambda: run(compiled[name], ids, n, batch), lambda: run(eager[name], ids, n, batch), reps)
+            a, b = interleaved(lambda e=compiled[name], i=ids, k=batch: run(e, i, n, k),
+                               lambda e=eager[name], i=ids, k=batch: run(e, i, n, k), reps)
             cases[f"{name}_b{batch}"] = case(a, b)
     for label, engines in (("eager", eager), ("compiled", compiled)):
-        a, b = interleaved(lambda: run(engines["dflash"], one, n, 1), lambda: run(engines["plain"], one, n, 1), reps)
+        a, b = interleaved(lambda e=engines: run(e["dflash"], one, n, 1), lambda e=engines: run(e["plain"], one, n, 1),
+                           reps)
         cases[f"dflash_vs_plain_{label}"] = case(a, b)
     for label, engines in (("eager", eager), ("compiled", compiled)):  # the draft length chosen every step
         generator = engines["dflash"].generator
         generator.policy = make_policy("auto", generator.block - 1)  # calibrated in this step mode
         run(engines["dflash"], one[:1], 8, 1)
-        a, b = interleaved(lambda: run(engines["dflash"], one, n, 1), lambda: run(engines["plain"], one, n, 1), reps)
+        a, b = interleaved(lambda e=engines: run(e["dflash"], one, n, 1), lambda e=engines: run(e["plain"], one, n, 1),
+                           reps)
         cases[f"dflash_auto_vs_plain_{label}"] = case(a, b)
     return cases
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_decode import BLOCK, QWEN3_8B, TINY, build, set_mode  # noqa: E402
+from gpu_decode import BLOCK, QWEN3_8B, TINY, build, set_mode
 
 OUT = Path(__file__).parent / "results" / "gpu_schedule.json"
 
