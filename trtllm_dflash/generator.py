@@ -96,9 +96,12 @@ class Generator:
     def allocate(self, num_slots: int, capacity: int, block: int) -> None:
         """Caches for `num_slots` sequences of up to `capacity` positions (prompt + output + block). Normal tensors,
         never inference tensors, whether or not the caller is in inference mode (`generate` is): steps update them
-        in place either way, and a compiled pass would take the two kinds for different inputs (a recompilation)."""
-        self.cache = self.target.new_cache(num_slots, capacity, block)
-        self.proposer.allocate(num_slots, capacity)
+        in place either way, and a compiled pass would take the two kinds for different inputs (a recompilation).
+        Compiled steps keep caches of at least 2 slots (the second one unused when num_slots is 1): a size of 1 is
+        specialised, so one slot would need graphs of its own."""
+        cache_slots = max(num_slots, 2) if self.step_mode.compiled else num_slots
+        self.cache = self.target.new_cache(cache_slots, capacity, block)
+        self.proposer.allocate(cache_slots, capacity)
         self.step_mode.caches(self.cache.tensors() + self.proposer.tensors())
         zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         steps = zeros.clone()

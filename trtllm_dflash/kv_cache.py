@@ -58,7 +58,7 @@ class FullKV:
         return self.k[rows, :, :kv_len], self.v[rows, :, :kv_len]
 
     def key_positions(self, ctx) -> Tensor:
-        return torch.arange(ctx.kv_len, device=ctx.positions.device)[None]  # [1, kv_len]
+        return ctx.keys[None]  # [1, kv_len]
 
 
 class WindowKV(FullKV):
@@ -111,9 +111,11 @@ class KVCache:
                                             torch.zeros(ring_shape, dtype=dtype, device=device)))
 
     def tensors(self) -> list[tuple[Tensor, tuple[int, ...]]]:
-        """What a pass reads and writes: every layer's k and v [S, H_kv, C or R + 1, D], with the dims an
-        allocation sizes (slots, capacity; `step_mode.StepMode.caches`)."""
-        return [(t, (0, 2)) for layer in self.layers for t in (layer.k, layer.v)]
+        """What a pass reads and writes: every layer's k and v [S, H_kv, C or R + 1, D], and the full layers' shared
+        k and v [L_full, S, H_kv, C + 1, D] their views come from (a compiled pass guards on a view's base too),
+        each with the dims an allocation sizes (slots, capacity; `step_mode.StepMode.caches`)."""
+        layers = [(t, (0, 2)) for layer in self.layers for t in (layer.k, layer.v)]
+        return layers + [(self.k, (1, 3)), (self.v, (1, 3))]
 
     def move(self, src: int, dst: int, length: int) -> None:
         """A sequence changes slot: its entries at positions 0..length-1 of full layers (later ones are junk no

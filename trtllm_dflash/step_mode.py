@@ -5,8 +5,8 @@
   `torch.compile` (whole graphs, `fullgraph=True`); prefill stays eager (prompt lengths vary too much to
   pay for a graph). Rows and tokens are symbolic from the first graph, the key span and the caches' sizes
   from their first change (automatic dynamic), so the load-time warm-up (`compile_step_shapes`) compiles
-  everything a server later meets (tested): a size of 1 stays specialised (one row or several, one slot or
-  several, one token or a block), about eight graphs per pass.
+  everything a server later meets (tested): a size of 1 stays specialised (one row or several, one token or
+  a block: four target graphs, two drafter graphs; caches keep at least 2 slots for that reason).
 - cuda-graphs (the default on CUDA): `compile` in inductor's "reduce-overhead" mode, which records one
   CUDA graph per input shape and replays it: one launch per pass instead of hundreds. The running
   batch, the verify width and the key span are padded to buckets (`StepShapes`), which bounds the
@@ -117,15 +117,15 @@ class StepMode:
 
 def compile_step_shapes(generator) -> None:
     """A compiled generator's graphs, compiled now (at load) rather than in a request. Batches of 1, 2 and 3 rows
-    (among one slot or several) step plain, one draft and the whole block, twice each at growing key spans, so
-    every size that varies has varied (symbolic from then on) in each specialisation (one row or several, one
-    slot or several, one token or a block). Leaves the generator allocated and idle."""
+    step plain, one draft and the whole block, twice each at growing key spans (symbolic from the first graph),
+    so every specialisation (one row or several, one token or a block) is compiled with the sizes that vary
+    symbolic. Leaves the generator allocated and idle."""
     from .request import Request
 
     g = generator
     lens = tuple(sorted({0, min(1, g.block - 1), g.block - 1}))
     steps = 2 * len(lens)
-    for slots, batch in ((1, 1), (4, 1), (4, 2), (4, 3)):
+    for slots, batch in ((1, 1), (4, 2), (4, 3)):
         prompts = [(0,) * (2 + i) for i in range(batch)]
         g.allocate(slots, 2 + batch + steps * g.block + g.block + 1, g.block)
         sequences = g.admit([Request(p, steps * g.block, ignore_eos=True) for p in prompts])
@@ -141,8 +141,9 @@ def compile_step_shapes(generator) -> None:
     shutdown_compile_workers()
 
 
-# Graphs per compiled function: batch 1 or more, one token or a block, one slot or several (a size of 1 is
-# always specialised), each compiled once with static sizes and once symbolic: torch's default of 8 is too few
+# Graphs per compiled function: one row or several, one token or a block (a size of 1 is always specialised),
+# and more where a pass meets a specialisation the warm-up did not (a new kind of cache, a model's own guards):
+# torch's default of 8 leaves no margin, and with fullgraph=True running out of it is an error
 RECOMPILE_LIMIT = 32
 
 
@@ -165,6 +166,9 @@ class CompiledPass:
             import torch._inductor.config as inductor
 
             inductor.triton.cudagraph_dynamic_shape_warn_limit = None
+        rotary = getattr(module, "rotary", None)
+        if rotary is not None:  # its device copy of the RoPE frequencies made now: made by the first graph, it
+            rotary.freqs_on(next(module.parameters()).device)  # was a dict guard that failed in the second
         self.module = module
         self.compiled = torch.compile(module, fullgraph=True, dynamic=None,
                                       mode="reduce-overhead" if mode.graphs else "default")
@@ -175,7 +179,7 @@ class CompiledPass:
             return self.module(x, ctx)
         # rows and tokens vary from step to step: symbolic from the first graph on (a size of 1 stays
         # specialised), instead of one recompilation per new size
-        for t, dims in ((x, (0, 1)), (ctx.positions, (0, 1)), (ctx.slots, (0,))):
+        for t, dims in ((x, (0, 1)), (ctx.positions, (0, 1)), (ctx.slots, (0,)), (ctx.keys, (0,))):
             for dim in dims:
                 torch._dynamo.maybe_mark_dynamic(t, dim)
         try:

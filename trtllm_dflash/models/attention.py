@@ -100,7 +100,9 @@ class ForwardContext:
     # compiled pass needs no guard on it); or the slots named by a [B] long tensor (their cache rows gathered:
     # the drafter's pass over the drafting rows of a step with plain-only rows)
     rows: Tensor | None = None
-    kv_len: int = 0  # cached mode: keys 0..kv_len-1 of each slot are read (host int)
+    # cached mode: [kv_len] long, positions 0..kv_len-1: the keys each slot's full-attention layers read (a tensor,
+    # not an int, so a compiled pass takes its length as a size, symbolic from the first graph on)
+    keys: Tensor | None = None
     lengths: Tensor | None = None  # prefill: [B] real tokens per row (right padding beyond)
     # [B] tokens of each row that recurrent layers fold into their state in this pass (prefill: the
     # lengths; plain decoding: ones); None defers it to `TargetModel.commit` after acceptance (verify)
@@ -111,15 +113,20 @@ class ForwardContext:
 
     @classmethod
     def prefill(cls, positions: Tensor, cache, slots: Tensor, lengths: Tensor, **kw) -> ForwardContext:
-        return cls(positions, cache, slots, True, None, 0, lengths, lengths, **kw)
+        return cls(positions, cache, slots, True, None, None, lengths, lengths, **kw)
 
     @classmethod
     def cached(cls, positions: Tensor, cache, kv_len: int, slots: Tensor | None = None, **kw) -> ForwardContext:
         """Rows 0..B-1 are slots 0..B-1 (read in place), or the slots [B] given (gathered)."""
+        keys = torch.arange(min(kv_len, cache.capacity), device=positions.device)
         if slots is None:
             slots = torch.arange(positions.shape[0], device=positions.device)
-            return cls(positions, cache, slots, False, None, min(kv_len, cache.capacity), **kw)
-        return cls(positions, cache, slots, False, slots, min(kv_len, cache.capacity), **kw)
+            return cls(positions, cache, slots, False, None, keys, **kw)
+        return cls(positions, cache, slots, False, slots, keys, **kw)
+
+    @property
+    def kv_len(self) -> int:
+        return self.keys.shape[0]
 
     def attend(self, layer: int, spec: AttentionSpec, q: Tensor, k: Tensor, v: Tensor,
                sinks: Tensor | None = None) -> Tensor:
