@@ -135,6 +135,22 @@ def run_cases(spec, plain, hf, args) -> dict:
     return cases
 
 
+def run_record(args, started: float, load_before) -> dict:
+    """What a CPU run records besides its cases: command, date, wall time, machine and load, settings."""
+    from trtllm_dflash import __version__
+
+    return {
+        "command": "python " + " ".join(sys.argv),
+        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+        "wall_s": time.time() - started,
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": args.threads,
+                    "torch": torch.__version__, "python": platform.python_version(),
+                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
+        "trtllm_dflash": __version__, "pair": "trtllm_dflash/pairs/stdlib",
+        "settings": vars(args) | {"output": str(args.output)},
+    }
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=5)
@@ -144,23 +160,11 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
-    from trtllm_dflash import __version__
-
     load_before = os.getloadavg()
     spec, plain, hf = load(args.threads)
     started = time.time()
     cases = run_cases(spec, plain, hf, args)
-    record = {
-        "command": "python " + " ".join(sys.argv),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "wall_s": time.time() - started,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": args.threads,
-                    "torch": torch.__version__, "python": platform.python_version(),
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
-        "trtllm_dflash": __version__, "pair": "trtllm_dflash/pairs/stdlib",
-        "settings": vars(args) | {"output": str(args.output)},
-        "cases": cases,
-    }
+    record = {**run_record(args, started, load_before), "cases": cases}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(record, indent=2) + "\n")
     print(f"{'case':<18} {'min':>7} {'median':>7} {'max':>7}  goal      met")

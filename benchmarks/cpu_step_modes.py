@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cpu_decode import interleaved, prompts  # the same prompts, the same alternation
+from cpu_decode import interleaved, prompts, run_record  # the same prompts, alternation and record
 
 OUT = Path(__file__).parent / "results" / "cpu_step_modes.json"
 
@@ -104,26 +103,14 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
-    from trtllm_dflash import __version__
-
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     eager, eager_load = load("eager")
     compiled, compiled_load = load("compile")
     started = time.time()
     cases = run_cases(eager, compiled, args)
-    record = {
-        "command": "python " + " ".join(sys.argv),
-        "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-        "wall_s": time.time() - started,
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch_threads": args.threads,
-                    "torch": torch.__version__, "python": platform.python_version(),
-                    "load_average_before": load_before, "load_average_after": os.getloadavg()},
-        "trtllm_dflash": __version__, "pair": "trtllm_dflash/pairs/stdlib",
-        "settings": vars(args) | {"output": str(args.output)},
-        "load_s": {"eager": eager_load, "compile": compiled_load},
-        "cases": cases,
-    }
+    record = {**run_record(args, started, load_before), "load_s": {"eager": eager_load, "compile": compiled_load},
+              "cases": cases}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(record, indent=2) + "\n")
     print(f"load (s): eager {eager_load}, compile {compiled_load}")
