@@ -10,8 +10,9 @@ import random
 import numpy as np
 import pytest
 
-from trtllm_dflash.draft_length.acceptance import AcceptanceModel, AcceptanceSettings
+from trtllm_dflash.draft_length.acceptance import AcceptanceModel, AcceptanceSettings, context_buckets
 from trtllm_dflash.draft_length.cost import CostModel, interpolate, monotone
+from trtllm_dflash.draft_length.newcomers import NewcomerBackoff
 from trtllm_dflash.draft_length.policy import (PLAIN_ONLY_AFTER, BatchView, CostBasedDraftLen, FixedDraftLen,
                                                ProbeSettings, ScheduledDraftLen)
 from trtllm_dflash.draft_len_schedule import DraftLenSchedule
@@ -562,3 +563,70 @@ def test_a_request_that_changes_slot_keeps_its_acceptance_evidence():
     policy.move(3, 1)
     assert np.array_equal(policy.acceptance.expected_tokens([1], [1000]), before)
     assert policy.acceptance.context[1] == 600 + 10 * 5
+
+
+# -- newcomers' probes per prompt-length bucket ------------------------------------------------------------------
+
+
+def test_newcomer_probes_back_off_per_bucket_after_two_failures_and_restart_on_a_success():
+    """One newcomer in 2^(n-1) probes after n >= 2 failures in a row (at most one in `longest`); each bucket
+    keeps its own count; a request that pays restarts its bucket; unjudged requests change nothing."""
+    backoff = NewcomerBackoff(num_slots=4, longest=4)
+    probes = []
+    for _ in range(12):  # 1024-token requests: each one that probes fails, the others end unjudged
+        probes.append(backoff.admit([0], [1024]))
+        backoff.judged(0, paid=False) if probes[-1] else backoff.forget(0)
+    #               n = 0, 1   n = 2        n = 3: 1 in 4   n >= 4: at most 1 in 4
+    assert probes == [True, True, False, True, False, False, False, True, False, False, False, True]
+    assert backoff.admit([1], [100]) is True  # a short prompt's bucket has no failures
+    backoff.forget(1)
+    assert backoff.describe() == {"1024": 4}
+    assert backoff.admit([2], [1100]) is False  # same bucket [1024, 2048): waits
+    backoff.move(2, 3)  # the generator moved the request: its judgement follows it
+    backoff.judged(2, paid=True)  # nothing left in slot 2
+    assert backoff.every(context_buckets([1024])[0]) == 4
+    backoff.judged(3, paid=True)
+    assert backoff.describe() == {} and backoff.admit([0], [1024]) is True
+    backoff.judged(0, paid=True)
+    backoff.judged(0, paid=False)  # judged once per request: a second call does nothing
+    assert backoff.admit([0], [1024]) is True
+
+
+def serve_alone(policy, slot: int, context: int, alpha: float, steps: int, seed: int) -> bool:
+    """One request alone, the way the generator runs it: admitted (drafting as `drafts_for` says), each step
+    the policy's draft length unless it is plain-only, its drafter context dropped when `keeps_context` says,
+    released at the end; each draft accepted with probability alpha. -> whether it was admitted drafting."""
+    rng = random.Random(seed)
+    policy.admit([slot], [context])
+    admitted = drafting = policy.drafts_for(view([slot], context))
+    for step in range(steps):
+        batch = BatchView([slot], context + step, [steps - step], K, None if drafting else (False,))
+        k = policy.choose(batch) if drafting else 0
+        if drafting and k == 0 and policy.keeps_context(batch) == [False]:
+            drafting = False
+        accepted = 0
+        while accepted < k and rng.random() < alpha:
+            accepted += 1
+        policy.observe([slot], k, [accepted], None if drafting or k == 0 else [False])
+    policy.release(slot, drafting)
+    return admitted
+
+
+def test_hard_prompt_lengths_stop_paying_for_newcomer_probes_and_easy_ones_restart_them():
+    """Concurrency 1: every 1024-token request is hard (nothing accepted). Without the back-off (newcomer_longest
+    1) each one is admitted with the drafter's context and probes; with it, after two failures most are admitted
+    plain-only. Short requests beside them still probe every time. An easy long request, once one drafts (a
+    probe of the policy's own, or its bucket's turn), restarts its bucket's probes."""
+    cost = linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5)
+    counts = {}
+    for longest in (1, 16):
+        policy = prepared(cost, probe=ProbeSettings(newcomer_longest=longest))
+        counts[longest] = [serve_alone(policy, 0, 1024, 0.0, 128, seed) for seed in range(24)]
+    assert all(counts[1])
+    assert counts[16][:2] == [True, True] and sum(counts[16]) <= 8
+    assert policy.describe()["newcomer_probes_backed_off"] == {"1024": 16}
+    assert [serve_alone(policy, 0, 100, 0.0, 32, seed) for seed in range(2)] == [True, True]  # their own count
+    easy = [serve_alone(policy, 0, 1024, 0.95, 128, 100 + seed) for seed in range(20)]
+    first = easy.index(True)
+    assert first < 16 and all(easy[first:])  # it paid: every newcomer of the bucket probes again
+    assert policy.describe()["newcomer_probes_backed_off"] == {"0": 2}  # the two hard short ones' bucket

@@ -476,3 +476,40 @@ def test_a_worker_rank_moves_requests_as_rank_0_does(pair, prompts, monkeypatch)
     lockstep.follow(worker)
     assert moves["worker"] == moves["rank0"]
     assert [s.result.output_ids for s in admitted] == [s.result.output_ids for s in seqs]
+
+
+class RecordingEnds(PlainOnlyFor):
+    """PlainOnlyFor that logs every observe and release, in order."""
+
+    def __init__(self, lengths, plain_admissions: int):
+        super().__init__(lengths, plain_admissions)
+        self.log = []
+
+    def observe(self, slots, draft_len, accepted, drafting=None):
+        self.log.append(("observe", tuple(slots)))
+
+    def release(self, slot, drafting):
+        self.log.append(("release", slot, drafting))
+
+
+def test_the_policy_hears_of_each_request_ending_once_after_its_last_step(pair, prompts):
+    """`release(slot, drafting)` (how the cost policy judges a prompt length's newcomer probes): once per request,
+    after the last step that ran it, with whether it still kept the drafter's context; a cancelled request too."""
+    gen = load_pipeline(*pair).generator
+    gen.policy = policy = RecordingEnds([15, 0, 3], plain_admissions=0)
+    gen.allocate(3, 96, gen.block)
+    a, b = gen.admit([Request(tuple(prompts[0][:20]), 9, ignore_eos=True),
+                      Request(tuple(prompts[1][:20]), 30, ignore_eos=True)])
+    policy.plain_admissions = 1
+    c = gen.admit([Request(tuple(prompts[2][:20]), 30, ignore_eos=True)])[0]
+    while a.slot in gen.slots.running:
+        gen.step()
+    gen.cancel(c, "cancelled")
+    while gen.slots.running:
+        gen.step()
+    releases = [entry for entry in policy.log if entry[0] == "release"]
+    assert releases == [("release", 0, True), ("release", 2, False), ("release", b.slot, True)]
+    for _, slot, _ in releases:  # each after the last step whose rows held the slot, before the slot's next use
+        at = policy.log.index(("release", slot, slot != 2))
+        assert any(slot in entry[1] for entry in policy.log[:at] if entry[0] == "observe")
+    assert policy.log[-1] == ("release", b.slot, True) and b.slot in policy.log[-2][1]

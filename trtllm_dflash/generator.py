@@ -464,6 +464,7 @@ class Generator:
         seq.done = True
         seq.result.finish_s = now
         if self.slots.running.get(seq.slot) is seq:
+            self.policy.release(seq.slot, seq.drafting)
             self.vacate(seq.slot)
 
     def vacate(self, slot: int) -> None:

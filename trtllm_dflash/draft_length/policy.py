@@ -23,6 +23,7 @@ from ..draft_len_schedule import DraftLenSchedule
 from .acceptance import AcceptanceModel, AcceptanceSettings
 from .cost import CostModel
 from .live_cost import StepCostCorrection
+from .newcomers import NewcomerBackoff
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class DraftLenPolicy(ABC):
 
     def move(self, src: int, dst: int) -> None:
         """The request in slot src now occupies slot dst (the generator keeps running requests in the lowest slots)."""
+
+    def release(self, slot: int, drafting: bool) -> None:
+        """The request in `slot` ended (after its last `observe`); drafting: whether it still kept the drafter's
+        context."""
 
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         """The step of `rows` requests at longest context `context` with `draft_len` drafts took `seconds`
@@ -132,11 +137,13 @@ class ProbeSettings:
     request was hard decoded every later one plainly), and one probe is not enough (the built-in
     drafter's first draft is a coin flip). A few small drafting steps per request cost a small batch
     little; a large one would pay them for every row at every admission, and its rows' own drafting
-    steps teach it anyway."""
+    steps teach it anyway. Where every request of a prompt-length bucket fails, newcomers of that bucket
+    probe less often, down to one in `newcomer_longest` (newcomers.py)."""
 
     first: int = 16
     longest: int = 1024
     newcomer_batch: int = 4
+    newcomer_longest: int = 16
 
 
 class CostBasedDraftLen(DraftLenPolicy):
@@ -153,10 +160,12 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.last_rates: np.ndarray | None = None  # expected tokens/s per k at the last choice
         self.plain_streak = 0  # steps in a row whose best draft length was 0 (probes do not break it)
         self.newcomer = False  # a request was admitted into a small batch: its first step probes
+        self.newcomer_waits = False  # ... or not: its prompt-length bucket's probes are backed off (not its turn)
         self.correction = StepCostCorrection()
         self.table: tuple = ((), None)  # (key, step_table) of the last call
         self.kept, self.kept_key = 0, None  # steps a plain choice is still kept, for which batch and evidence
         self.kept_context: tuple = ((), None)  # (key, keeps_context) of the last call
+        self.newcomers: NewcomerBackoff | None = None  # which newcomers probe, per prompt-length bucket
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = len(generator.slots.starts), generator.block - 1
@@ -167,15 +176,19 @@ class CostBasedDraftLen(DraftLenPolicy):
             self.cost = self.calibrator(generator)
         self.acceptance = AcceptanceModel(slots, max_draft_len, self.acceptance_settings)
         self.plain_run, self.wait, self.plain_streak, self.newcomer = 0, self.probe.first, 0, False
+        self.newcomer_waits = False
         self.correction = StepCostCorrection()
         self.table = ((), None)  # the cost model may be new
         self.kept, self.kept_key = 0, None
         self.kept_context = ((), None)
+        self.newcomers = NewcomerBackoff(slots, self.probe.newcomer_longest)
 
     def admit(self, slots: list[int], contexts: list[int]) -> None:
         if self.acceptance is not None:
             self.acceptance.reset(slots, contexts)
-            self.newcomer = True  # `choose` and `drafts_for` see the batch size
+            # whether they probe at their first step (`choose` and `drafts_for` see the batch size)
+            self.newcomer = self.newcomers.admit(slots, contexts)
+            self.newcomer_waits = not self.newcomer and self.newcomers.backed_off(contexts)
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
@@ -188,7 +201,7 @@ class CostBasedDraftLen(DraftLenPolicy):
     def choose(self, batch: BatchView) -> int:
         best = self.best(batch)
         self.plain_streak = 0 if best > 0 else self.plain_streak + 1
-        newcomer, self.newcomer = self.newcomer_probe(batch), False
+        newcomer, self.newcomer, self.newcomer_waits = self.newcomer_probe(batch), False, False
         if best > 0:  # drafting pays: probes start over from the first wait once it stops paying
             self.wait = self.probe.first
             return best
@@ -216,8 +229,11 @@ class CostBasedDraftLen(DraftLenPolicy):
         return best
 
     def newcomer_probe(self, batch: BatchView) -> bool:
-        """A request joined a batch small enough to probe for it (see ProbeSettings)."""
-        return self.newcomer and len(batch.slots) <= self.probe.newcomer_batch
+        """A request joined a batch small enough to probe for it (see ProbeSettings), and it is its turn."""
+        return self.newcomer and self.small(batch)
+
+    def small(self, batch: BatchView) -> bool:
+        return len(batch.slots) <= self.probe.newcomer_batch
 
     def observe(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None = None) -> None:
         self.plain_run = self.plain_run + 1 if draft_len == 0 else 0  # every step counts toward the next probe
@@ -227,6 +243,18 @@ class CostBasedDraftLen(DraftLenPolicy):
     def move(self, src: int, dst: int) -> None:
         if self.acceptance is not None:
             self.acceptance.move(src, dst)
+            self.newcomers.move(src, dst)
+
+    def release(self, slot: int, drafting: bool) -> None:
+        """A request that ends still keeping the drafter's context, with enough drafting steps of its own, is
+        judged for its prompt-length bucket by whether some draft length pays for it alone (see `pays_alone`)."""
+        if self.acceptance is None:
+            return
+        if drafting and self.acceptance.tried[slot, 0] >= OWN_PROBES:
+            context = int(self.acceptance.context[slot])
+            paid = bool(self.pays_alone([slot], [self.acceptance.max_draft_len + 1], context)[0])
+            self.newcomers.judged(slot, paid)
+        self.newcomers.forget(slot)
 
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself
@@ -250,11 +278,16 @@ class CostBasedDraftLen(DraftLenPolicy):
         the drafter's context K/V would be computed for drafts that will not run. The streak keeps a batch that
         alternates plain and drafting steps drafting. A batch of plain-only requests alone probes nothing: once a
         probe is due, newcomers keep their drafter context again (else a server at concurrency 1, whose every
-        request arrives alone, would never draft again after one failed probe)."""
+        request arrives alone, would never draft again after one failed probe), unless they are newcomers whose
+        prompt-length bucket waits for its turn to probe (newcomers.py): that turn is their probe, and a due
+        probe of the policy's own would hand them the context's upkeep for a single drafting step (too few to
+        judge them by, so they kept the context to the end)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
-        if self.plain_run + 1 >= self.wait or self.newcomer_probe(batch):  # a probe is due: it can only run once
-            return True  # every running request drafts
+        if self.newcomer_probe(batch):  # a probe is due: it can only run once every running request drafts
+            return True
+        if self.plain_run + 1 >= self.wait and not (self.newcomer_waits and self.small(batch)):
+            return True
         return self.plain_streak < PLAIN_ONLY_AFTER or int(np.argmax(self.expected_rates(batch))) > 0
 
     def keeps_context(self, batch: BatchView) -> list[bool]:
@@ -282,15 +315,25 @@ class CostBasedDraftLen(DraftLenPolicy):
         else:
             drafting = batch.drafting or (True,) * len(batch.slots)
             tried = self.acceptance.tried[batch.slots, 0]  # [B] each request's own decayed drafting steps
-            tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
-            alone = self.correction.apply(self.cost.step_seconds(1, context, batch.max_draft_len))  # [K + 1] s
-            pays_alone = np.argmax(tokens[:, : len(alone)] / alone, axis=1) > 0  # [B]
-            self.kept_context = (key, [not d or t < OWN_PROBES or bool(p) for d, t, p in zip(drafting, tried,
-                                                                                              pays_alone)])
+            pays = self.pays_alone(batch.slots, batch.remaining, context)
+            keep = [not d or t < OWN_PROBES or bool(p) for d, t, p in zip(drafting, tried, pays)]
+            for slot, d, kept in zip(batch.slots, drafting, keep):
+                if d and not kept:  # it stops drafting: a failure for its prompt's bucket
+                    self.newcomers.judged(slot, False)
+            self.kept_context = (key, keep)
         return self.kept_context[1]
+
+    def pays_alone(self, slots: list[int], remaining: list[int], context: int) -> np.ndarray:
+        """[B] bool: by each request's own (optimistic) acceptance estimate, some draft length beats a plain
+        step even if it decoded alone at `context` tokens (the cheapest a drafting step gets)."""
+        tokens = self.acceptance.expected_tokens(slots, remaining)  # [B, K + 1]
+        alone = self.correction.apply(self.cost.step_seconds(1, context - context % CONTEXT_STEP,
+                                                             self.acceptance.max_draft_len))  # [K + 1] s
+        return np.argmax(tokens[:, : len(alone)] / alone, axis=1) > 0
 
     def describe(self) -> dict:
         meta = self.cost.meta if self.cost else {}
         plain, drafting = self.correction.factors()
         return {"policy": self.name, "calibration": {k: meta[k] for k in ("device", "threads") if k in meta},
-                "live_cost_factors": {"plain": plain, "drafting": drafting}}
+                "live_cost_factors": {"plain": plain, "drafting": drafting},
+                "newcomer_probes_backed_off": self.newcomers.describe() if self.newcomers else {}}

@@ -1,0 +1,74 @@
+"""Which newcomers get a probe of their own: per context bucket, backed off while that bucket's requests fail.
+
+A request admitted into a small batch drafts at its first step (`ProbeSettings.newcomer_batch`): acceptance
+differs far more between requests than between estimates of one context's rates, so one hard request must not
+stop the next, easy one from drafting. But where every request of a context bucket fails, each newcomer's probe
+is pure cost: the drafter's context for its prompt (about 10 % of a 1024-token prefill on the built-in pair),
+its drafting steps (at concurrency 4 and 1024 tokens about 2 % of the point's time), and the context's upkeep
+until it is dropped. So the outcome of each request that drafted enough to judge (`OWN_PROBES` own steps) is
+kept per bucket of its prompt's length: paid (by its own estimate some draft length beats a plain step even
+alone) or failed (it stopped keeping the drafter's context, or ended without paying). After n >= 2 failures in
+a row, one newcomer of that bucket in 2^(n-1) probes, at most one in `longest`; one that pays restarts it.
+The others join like any request: plain-only where the batch's estimates say drafting does not pay, drafting
+otherwise, and the policy's own probes after plain runs still find a drafter that starts paying again.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .acceptance import CONTEXT_BUCKETS, context_buckets
+
+
+class NewcomerBackoff:
+    def __init__(self, num_slots: int, longest: int):
+        self.longest = longest
+        self.failures = np.zeros(CONTEXT_BUCKETS, dtype=int)  # [C] judged requests that failed in a row
+        self.waited = np.zeros(CONTEXT_BUCKETS, dtype=int)  # [C] admissions since that bucket's last probe
+        self.bucket = np.full(num_slots, -1)  # [S] prompt bucket of a slot's request not judged yet (-1: none)
+
+    def every(self, bucket: int) -> int:
+        """1 newcomer in this many of the bucket probes."""
+        return int(min(2 ** max(int(self.failures[bucket]) - 1, 0), self.longest))
+
+    def admit(self, slots: list[int], contexts: list[int]) -> bool:
+        """New requests (prompts of `contexts` tokens) take these slots; -> whether they probe at their first
+        step (one probe serves them all: a step drafts for every row that keeps the drafter's context)."""
+        buckets = context_buckets(contexts)
+        self.bucket[slots] = buckets
+        return any([self.due(int(b)) for b in np.unique(buckets)])  # a list: every bucket counts its admission
+
+    def backed_off(self, contexts: list[int]) -> bool:
+        """Whether any of these prompt lengths' buckets probes fewer than every newcomer."""
+        return any(self.every(int(b)) > 1 for b in context_buckets(contexts))
+
+    def due(self, bucket: int) -> bool:
+        self.waited[bucket] += 1
+        if self.waited[bucket] < self.every(bucket):
+            return False
+        self.waited[bucket] = 0
+        return True
+
+    def judged(self, slot: int, paid: bool) -> None:
+        """The request in `slot` has shown whether drafting pays for it (once per request; later calls do nothing)."""
+        bucket = int(self.bucket[slot])
+        if bucket < 0:
+            return
+        self.bucket[slot] = -1
+        self.failures[bucket] = 0 if paid else self.failures[bucket] + 1
+        if paid:
+            self.waited[bucket] = 0
+
+    def forget(self, slot: int) -> None:
+        """The request in `slot` ended unjudged (plain-only, or too few drafting steps of its own)."""
+        self.bucket[slot] = -1
+
+    def move(self, src: int, dst: int) -> None:
+        self.bucket[dst], self.bucket[src] = self.bucket[src], -1
+
+    def describe(self) -> dict:
+        """Buckets now backed off: their lower bound in tokens -> 1 newcomer in N probes."""
+        from .acceptance import CONTEXT_BASE
+
+        return {str(0 if b == 0 else CONTEXT_BASE * 2 ** (b - 1)): self.every(b)
+                for b in range(CONTEXT_BUCKETS) if self.every(b) > 1}
