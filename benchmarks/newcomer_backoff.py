@@ -1,0 +1,124 @@
+"""Offline closed loop: DFlash (--draft-len auto) with and without the newcomer probes' back-off, over plain decoding.
+
+    python benchmarks/newcomer_backoff.py [--repeats 5] [--threads 2] [--points short:1,short:4,1024:1,1024:4]
+
+The served benchmark's workload without the server (benchmarks/serve_dflash_vs_plain.py: the same held-out
+prompts, snippets and 1024-token windows, 128 new tokens, EOS ignored, `concurrency` requests in flight and 6
+per client, taken in the same order), run by three generators of the built-in pair (float32) in one process:
+plain decoding, and the cost policy with `newcomer_longest` 1 (every newcomer in a small batch probes: the
+policy before the back-off) and 16 (the default: newcomers of a prompt-length bucket whose requests keep
+failing probe less often, trtllm_dflash/draft_length/newcomers.py). Each generator runs every point in order,
+like one server; the three alternate order per repeat; the policies share one calibration. Output tokens/s
+per point, each DFlash case's ratio to plain per repeat, median and range over repeats, and how many requests
+of the point never drafted. Writes benchmarks/results/newcomer_backoff.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_decode import run_record  # noqa: E402
+from serve_dflash_vs_plain import NEW_TOKENS, prompt_sets  # noqa: E402
+
+OUT = Path(__file__).parent / "results" / "newcomer_backoff.json"
+REQUESTS_PER_CLIENT = 6
+CASES = {"plain": None, "every newcomer probes": 1, "back-off (default)": 16}  # name -> newcomer_longest
+
+
+def closed_loop(generator, prompts: list[list[int]], concurrency: int) -> tuple[float, int]:
+    """`concurrency` requests in flight until REQUESTS_PER_CLIENT x concurrency have run; -> (output tokens/s,
+    requests that never drafted). Prompts in the served benchmark's order (its clients pop from the end)."""
+    from trtllm_dflash.request import Request
+
+    todo, done = list(range(REQUESTS_PER_CLIENT * concurrency))[::-1], []
+    start = time.perf_counter()
+    while todo or generator.slots.running:
+        room = min(len(generator.slots.free()), concurrency - len(generator.slots.running), len(todo))
+        if room > 0:
+            done += generator.admit([Request(prompts[i % len(prompts)], NEW_TOKENS, ignore_eos=True)
+                                     for i in todo[:room]])
+            del todo[:room]
+        generator.step()
+    tokens = sum(len(s.result.output_ids) for s in done)
+    return tokens / (time.perf_counter() - start), sum(not any(s.result.draft_lengths) for s in done)
+
+
+def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]]) -> dict:
+    """Every point in order on freshly allocated caches and a fresh policy, like one server's run."""
+    if policy is not None:
+        generator.policy = policy
+    generator.allocate(max(c for _, c in points), 1024 + NEW_TOKENS + 2 * generator.block + 1, generator.block)
+    return {f"{context}:{c}": closed_loop(generator, prompts[context], c) for context, c in points}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--points", default="short:1,short:4,1024:1,1024:4", help="context:concurrency, run in order")
+    p.add_argument("--output", type=Path, default=OUT)
+    args = p.parse_args()
+    points = [(spec.split(":")[0], int(spec.split(":")[1])) for spec in args.points.split(",")]
+    load_before, started = os.getloadavg(), time.time()
+    import torch
+
+    from trtllm_dflash.draft_length.calibrate import calibrator
+    from trtllm_dflash.draft_length.policy import CostBasedDraftLen, ProbeSettings
+    from trtllm_dflash.pairs import stdlib_pair
+    from trtllm_dflash.pipeline import load_pipeline
+
+    torch.set_num_threads(args.threads)
+    target, drafter = stdlib_pair()
+    spec, plain = load_pipeline(target, drafter), load_pipeline(target)
+    tokenizer = spec.tokenizer
+    prompts = {name: [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+               for name, texts in prompt_sets(tokenizer, quick=False).items()}
+    calibrated = CostBasedDraftLen(calibrator=calibrator(None))
+    spec.generator.policy = calibrated
+    spec.generator.allocate(max(c for _, c in points), 1024 + NEW_TOKENS + 2 * spec.generator.block + 1,
+                            spec.generator.block)
+    runs = {name: [] for name in CASES}
+    for r in range(args.repeats):
+        for name in (list(CASES) if r % 2 == 0 else list(CASES)[::-1]):
+            longest = CASES[name]
+            policy = None if longest is None else CostBasedDraftLen(
+                calibrated.cost, probe=ProbeSettings(newcomer_longest=longest))
+            runs[name].append(one_server(plain.generator if longest is None else spec.generator, policy, prompts,
+                                         points))
+        print(f"repeat {r}: " + ", ".join(f"{k} {runs[n][-1][k][0] / runs['plain'][-1][k][0]:.3f}"
+                                          for n in list(CASES)[2:] for k in runs[n][-1]), file=sys.stderr, flush=True)
+    table = []
+    for context, c in points:
+        key = f"{context}:{c}"
+        row = {"context": context, "concurrency": c,
+               "plain_tok_s_median": statistics.median(run[key][0] for run in runs["plain"])}
+        for name in list(CASES)[1:]:
+            ratios = [run[key][0] / base[key][0] for run, base in zip(runs[name], runs["plain"])]
+            row[name] = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+                         "ratio_max": max(ratios), "ratios": ratios,
+                         "never_drafted": [run[key][1] for run in runs[name]]}
+        table.append(row)
+    record = run_record(args, started, load_before) | {
+        "requests_per_client": REQUESTS_PER_CLIENT, "new_tokens": NEW_TOKENS, "table": table,
+        "runs": {name: [{k: {"tok_s": v[0], "never_drafted": v[1]} for k, v in run.items()} for run in rs]
+                 for name, rs in runs.items()}}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(record, indent=1) + "\n")
+    print("context conc  plain tok/s  every newcomer probes   back-off (default)   [median (min-max), never drafted]")
+    for row in table:
+        cells = [f"{row[n]['ratio_median']:.3f} ({row[n]['ratio_min']:.2f}-{row[n]['ratio_max']:.2f}) "
+                 f"{statistics.median(row[n]['never_drafted']):.0f}" for n in list(CASES)[1:]]
+        print(f"{row['context']:>7} {row['concurrency']:4} {row['plain_tok_s_median']:11.1f}  {cells[0]:>22} "
+              f"{cells[1]:>20}")
+    print(f"written: {args.output}")
+
+
+if __name__ == "__main__":
+    main()
