@@ -1,0 +1,110 @@
+"""The step modes on a CUDA GPU: skipped without one (this project's CI has none; run it where a GPU is lent:
+`pytest tests/test_cuda_steps.py`).
+
+- Greedy output on the GPU equals transformers' greedy output on the same GPU, in every step mode, while
+  requests join and leave and draft lengths change (a float32 pair, so both sides compute alike).
+- cuda-graphs mode really runs CUDA graphs: inductor skipped cudagraphs for no graph (it skips them silently,
+  with a log line, for e.g. mutated inputs without static addresses), and a warmed-up engine compiles nothing
+  more.
+- A decode step synchronises with the host once: reading the emitted tokens (the issue's
+  `torch.cuda.set_sync_debug_mode` check; "warn" counts them where "error" would stop at the first).
+"""
+
+import itertools
+import warnings
+
+import pytest
+import torch
+
+from trtllm_dflash.draft_length.policy import DraftLenPolicy, FixedDraftLen
+from trtllm_dflash.pairs import held_out_texts, stdlib_pair
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+MODES = ("eager", "compile", "cuda-graphs")
+
+
+class Cycle(DraftLenPolicy):
+    def __init__(self, lengths=(0, 3, 15, 1, 7, 0, 2)):
+        self.lengths = itertools.cycle(lengths)
+
+    def choose(self, batch):
+        return next(self.lengths)
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return stdlib_pair()
+
+
+@pytest.fixture(scope="module")
+def prompts(pair):
+    tokenizer = load_pipeline(pair[0]).tokenizer
+    return [tokenizer(t, add_special_tokens=False)["input_ids"][: 6 + 7 * i] for i, t in enumerate(held_out_texts(5))]
+
+
+@pytest.fixture(scope="module")
+def oracle_outputs(pair, prompts):
+    """transformers' greedy continuation of each prompt on the GPU, by full recomputation."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(pair[0]).eval().to("cuda")
+    outputs = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids, out = torch.tensor([prompt], device="cuda"), []
+            for _ in range(24):
+                nxt = model(ids).logits[0, -1].argmax().view(1, 1)
+                out.append(int(nxt))
+                ids = torch.cat([ids, nxt], dim=1)
+            outputs.append(out)
+    return outputs
+
+
+def cudagraph_skips() -> int:
+    return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_greedy_output_on_the_gpu_is_the_targets_in_every_step_mode(pair, prompts, oracle_outputs, mode):
+    skips = cudagraph_skips()
+    generator = load_pipeline(*pair, device="cuda", step_mode=mode).generator
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    generator.policy = Cycle()
+    generator.allocate(3, 128, generator.block)
+    pending = [Request(tuple(p), 24, ignore_eos=True) for p in prompts]
+    done = []
+    while pending or generator.slots.running:  # 5 requests through 3 slots: joins, leaves, moves
+        room = min(len(generator.slots.free()), len(pending))
+        if room:
+            done += generator.admit(pending[:room])
+            del pending[:room]
+        generator.step()
+    by_prompt = {s.request.prompt_ids: s.result.output_ids for s in done}
+    assert [by_prompt[tuple(p)] for p in prompts] == oracle_outputs
+    assert cudagraph_skips() == skips  # every compiled graph ran as a CUDA graph (or there were none)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs  # nothing compiled after load
+
+
+@pytest.mark.parametrize("mode", ("eager", "cuda-graphs"))
+def test_a_decode_step_synchronises_once(pair, prompts, mode):
+    generator = load_pipeline(*pair, device="cuda", step_mode=mode).generator
+    generator.allocate(2, 128, generator.block)
+    generator.admit([Request(tuple(p), 40, ignore_eos=True) for p in prompts[1:3]])
+    for k in (0, 15, 3):  # each kind of step once before counting (first calls may allocate)
+        generator.policy = FixedDraftLen(k)
+        generator.step()
+    counts = []
+    for k in (0, 15, 3, 0):
+        generator.policy = FixedDraftLen(k)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                generator.step()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    assert counts == [1, 1, 1, 1]
