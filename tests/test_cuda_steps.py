@@ -10,38 +10,18 @@
   `torch.cuda.set_sync_debug_mode` check; "warn" counts them where "error" would stop at the first).
 """
 
-import itertools
 import warnings
 
 import pytest
 import torch
 
-from trtllm_dflash.draft_length.policy import DraftLenPolicy, FixedDraftLen
-from trtllm_dflash.pairs import held_out_texts, stdlib_pair
+from test_step_mode import Cycle, pair, prompts  # noqa: F401 (the same pair, prompts and draft-length cycle)
+from trtllm_dflash.draft_length.policy import FixedDraftLen
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MODES = ("eager", "compile", "cuda-graphs")
-
-
-class Cycle(DraftLenPolicy):
-    def __init__(self, lengths=(0, 3, 15, 1, 7, 0, 2)):
-        self.lengths = itertools.cycle(lengths)
-
-    def choose(self, batch):
-        return next(self.lengths)
-
-
-@pytest.fixture(scope="module")
-def pair():
-    return stdlib_pair()
-
-
-@pytest.fixture(scope="module")
-def prompts(pair):
-    tokenizer = load_pipeline(pair[0]).tokenizer
-    return [tokenizer(t, add_special_tokens=False)["input_ids"][: 6 + 7 * i] for i, t in enumerate(held_out_texts(5))]
 
 
 @pytest.fixture(scope="module")
