@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .acceptance import CONTEXT_BUCKETS, context_buckets
+from .acceptance import CONTEXT_BASE, CONTEXT_BUCKETS, context_buckets
 
 
 class NewcomerBackoff:
@@ -68,7 +68,5 @@ class NewcomerBackoff:
 
     def describe(self) -> dict:
         """Buckets now backed off: their lower bound in tokens -> 1 newcomer in N probes."""
-        from .acceptance import CONTEXT_BASE
-
         return {str(0 if b == 0 else CONTEXT_BASE * 2 ** (b - 1)): self.every(b)
                 for b in range(CONTEXT_BUCKETS) if self.every(b) > 1}

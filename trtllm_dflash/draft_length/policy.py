@@ -252,9 +252,9 @@ class CostBasedDraftLen(DraftLenPolicy):
             return
         if drafting and self.acceptance.tried[slot, 0] >= OWN_PROBES:
             context = int(self.acceptance.context[slot])
-            paid = bool(self.pays_alone([slot], [self.acceptance.max_draft_len + 1], context)[0])
-            self.newcomers.judged(slot, paid)
-        self.newcomers.forget(slot)
+            self.newcomers.judged(slot, bool(self.pays_alone([slot], [self.acceptance.max_draft_len + 1], context)[0]))
+        else:
+            self.newcomers.forget(slot)
 
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself
