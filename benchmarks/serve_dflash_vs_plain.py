@@ -106,6 +106,21 @@ def prompt_sets(tokenizer, quick: bool) -> dict[str, list[str]]:
     return sets
 
 
+def served_engine(root: Path, max_batch: int, made_by: str):
+    """The benchmark's engine (built-in pair, float32, max_seq_len 1280) under root/engine, its step cost
+    calibrated where serving looks; -> (engine dir, cost model)."""
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
+    from trtllm_dflash.draft_length.settings import calibrate_engine
+    from trtllm_dflash.pairs import stdlib_pair
+
+    target, drafter = stdlib_pair()
+    engine = build_engine(BuildSpec(str(target), str(drafter), str(root / "engine"), dtype="float32",
+                                    max_batch_size=max_batch, max_seq_len=1280), made_by)
+    cost, _ = calibrate_engine(engine)
+    return engine, cost
+
+
 def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int):
     from trtllm_dflash.engine import free_port
     from trtllm_dflash.serve.locate import find_tritonserver
@@ -175,21 +190,14 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    from trtllm_dflash.builder.builder import build_engine
-    from trtllm_dflash.builder.spec import BuildSpec
-    from trtllm_dflash.draft_length.settings import calibrate_engine
+    from transformers import AutoTokenizer
+
     from trtllm_dflash.pairs import stdlib_pair
 
-    target, drafter = stdlib_pair()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        engine = build_engine(BuildSpec(str(target), str(drafter), str(root / "engine"), dtype="float32",
-                                        max_batch_size=max(args.concurrency), max_seq_len=1280),
-                              "benchmarks/serve_dflash_vs_plain.py")
-        cost, _ = calibrate_engine(engine)
-        from transformers import AutoTokenizer
-
-        prompts = prompt_sets(AutoTokenizer.from_pretrained(target), args.quick)
+        engine, cost = served_engine(root, max(args.concurrency), "benchmarks/serve_dflash_vs_plain.py")
+        prompts = prompt_sets(AutoTokenizer.from_pretrained(stdlib_pair()[0]), args.quick)
         rows = []
         for rep in range(args.repeats):
             order = ("plain", "dflash") if rep % 2 == 0 else ("dflash", "plain")

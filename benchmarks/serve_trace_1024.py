@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_dflash_vs_plain import NEW_TOKENS, post, prompt_sets, run_point, serve  # noqa: E402
+from serve_dflash_vs_plain import NEW_TOKENS, post, prompt_sets, run_point, serve, served_engine  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "serve_trace_1024.json"
 
@@ -56,20 +56,14 @@ def main() -> None:
     import torch
     from transformers import AutoTokenizer
 
-    from trtllm_dflash.builder.builder import build_engine
-    from trtllm_dflash.builder.spec import BuildSpec
-    from trtllm_dflash.draft_length.settings import calibrate_engine
     from trtllm_dflash.pairs import stdlib_pair
     from trtllm_dflash.serve.server import stop_server
 
     torch.set_num_threads(args.threads)
-    target, drafter = stdlib_pair()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        engine = build_engine(BuildSpec(str(target), str(drafter), str(root / "engine"), dtype="float32",
-                                        max_batch_size=16, max_seq_len=1280), "benchmarks/serve_trace_1024.py")
-        calibrate_engine(engine)
-        prompts = prompt_sets(AutoTokenizer.from_pretrained(target), quick=False)
+        engine, _ = served_engine(root, 16, "benchmarks/serve_trace_1024.py")
+        prompts = prompt_sets(AutoTokenizer.from_pretrained(stdlib_pair()[0]), quick=False)
         rounds = []
         for r in range(args.rounds):
             snippets, requests = {}, {}
