@@ -4,19 +4,23 @@
                                                [--quick]
 
 A float32 torch engine of the built-in pair (trtllm_dflash/pairs/stdlib: 6-layer target, 2-layer
-drafter, block 16) served twice per repeat by the real tritonserver on loopback: `--decoding plain`
-and DFlash with `--draft-len` (default auto: chosen every step from the calibrated step cost and
-live acceptance). The order alternates between repeats (plain first in even repeats). Each server
-runs every point: prompts of two context lengths (held-out stdlib code: short snippets of about
-60-200 tokens, and 1024-token windows of held-out files) x concurrency 1, 4, 16 (closed loop,
-N requests in flight, HTTP /generate, 128 new tokens, EOS ignored; 6 requests per client by default).
-Output tokens/s = tokens / wall time of the point. Why 6: with equal output lengths, plain decoding
-admits and finishes each client's requests in lockstep waves, while DFlash's requests finish apart
-(acceptance differs), so a point's last wave ends in a tail where few requests run. The shorter the
-point, the more that tail weighs: a property of the finite point, not of serving. The ratio DFlash /
-plain is taken per repeat (the two servers ran back to back) and reported as median, min and max over repeats. The engine's step cost is calibrated once before
-the first server at the same thread count (OMP_NUM_THREADS for the servers), so both servers start
-alike. Mean draft length and the share of plain steps come from the server's counters.
+drafter, block 16) served twice by the real tritonserver on loopback: `--decoding plain` and DFlash with
+`--draft-len` (default auto: chosen every step from the calibrated step cost and live acceptance). Both
+servers run at once, started fresh for every repeat; each point runs on one and then on the other (the
+idle one waits), the order alternating from point to point and between repeats, so the two measurements
+of a point lie seconds apart. (Until commit ff7ff5f one server ran every point and then the other, minutes
+apart: on this shared machine the server that ran second read slower at the 1024-token points in most
+repeats, whichever it was, and the ratios carried that drift.) Each server runs every point: prompts of two
+context lengths (held-out stdlib code: short snippets of about 60-200 tokens, and 1024-token windows of
+held-out files) x concurrency 1, 4, 16 (closed loop, N requests in flight, HTTP /generate, 128 new tokens,
+EOS ignored; 6 requests per client by default), snippets first. Output tokens/s = tokens / wall time of the
+point. Why 6: with equal output lengths, plain decoding admits and finishes each client's requests in
+lockstep waves, while DFlash's requests finish apart (acceptance differs), so a point's last wave ends in
+a tail where few requests run. The shorter the point, the more that tail weighs: a property of the finite
+point, not of serving. The ratio DFlash / plain is taken per repeat and reported as median, min and max
+over repeats. The engine's step cost is calibrated once before the servers start, at the same thread count
+(OMP_NUM_THREADS for the servers), so both servers start alike. Mean draft length and the share of plain
+steps come from the server's counters.
 Writes benchmarks/results/serve_dflash_vs_plain.json and prints a table last.
 """
 
@@ -137,23 +141,33 @@ def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int)
     return proc, ends
 
 
-def one_server(engine, root, decoding, args, prompts) -> list[dict]:
+def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
+    """Both servers up (fresh), every point on each of them back to back in alternating order."""
     from trtllm_dflash.serve.server import stop_server
 
-    proc, ends = serve(engine, root, decoding, args.draft_len, args.threads)
-    url, metrics = f"{ends.http_url}/v2/models/m/generate", ends.metrics_url
+    names = ("plain", "dflash") if rep % 2 == 0 else ("dflash", "plain")
+    servers = {}
     try:
-        post(url, {"text_input": prompts["short"][0], "sampling_param_max_tokens": 8})  # warm-up
-        rows = []
-        for context, texts in prompts.items():
-            for c in args.concurrency:
-                row = run_point(url, metrics, texts, c, max(4, args.requests_per_slot * c))
-                rows.append({"decoding": decoding, "context": context, **row})
+        for decoding in names:
+            servers[decoding] = serve(engine, root, decoding, args.draft_len, args.threads)
+        for proc, ends in servers.values():  # warm-up
+            post(f"{ends.http_url}/v2/models/m/generate",
+                 {"text_input": prompts["short"][0], "sampling_param_max_tokens": 8})
+        rows, points = [], [(context, c) for context in prompts for c in args.concurrency]
+        for i, (context, c) in enumerate(points):
+            order = names if i % 2 == 0 else names[::-1]
+            for decoding in order:
+                ends = servers[decoding][1]
+                row = run_point(f"{ends.http_url}/v2/models/m/generate", ends.metrics_url, prompts[context], c,
+                                max(4, args.requests_per_slot * c))
+                rows.append({"decoding": decoding, "context": context, **row, "repeat": rep,
+                             "ran_first": decoding == order[0]})
                 print(f"  {decoding:6} context {context:>5} c={c:<3} {row['output_tokens_per_s']:8.1f} tok/s "
                       f"draft len {row['draft_len_mean']}", file=sys.stderr, flush=True)
         return rows
     finally:
-        stop_server(proc)
+        for proc, _ in servers.values():
+            stop_server(proc)
 
 
 def summarize(rows: list[dict], repeats: int) -> list[dict]:
@@ -200,10 +214,8 @@ def main() -> None:
         prompts = prompt_sets(AutoTokenizer.from_pretrained(stdlib_pair()[0]), args.quick)
         rows = []
         for rep in range(args.repeats):
-            order = ("plain", "dflash") if rep % 2 == 0 else ("dflash", "plain")
-            print(f"repeat {rep + 1}/{args.repeats}: {' then '.join(order)}", file=sys.stderr, flush=True)
-            for decoding in order:
-                rows += [{**r, "repeat": rep} for r in one_server(engine, root, decoding, args, prompts)]
+            print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
+            rows += run_repeat(engine, root, args, prompts, rep)
         logs = {d: (root / f"server-{d}.log").read_text()[-4000:] for d in ("plain", "dflash")}
     table = summarize(rows, args.repeats)
     record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
