@@ -160,6 +160,57 @@ def test_a_step_with_plain_only_rows_beside_drafting_ones_counts_as_drafting(loo
     assert loop.counters.plain_steps == sum(max(step.values()) == 0 for step in lengths) < len(lengths)
 
 
+def test_metrics_reach_the_exporter_in_batches_and_before_each_final_answer(loop_factory):
+    """Each exporter call is a round trip to Triton's server process: steps are not exported one by one, yet a
+    client holding its final answer finds its request, tokens and every step so far exported."""
+    loop, tok = loop_factory(batch=1)
+    exported, steps, at_final = {}, [], []
+
+    def update(counters, delta):
+        for key, value in delta.items():
+            exported[key] = exported.get(key, 0) + value
+
+    class Checking(FakeResponder):
+        def send(self, outputs, final):
+            if final:
+                at_final.append((dict(exported), len(steps), loop.counters.decode_steps))
+            super().send(outputs, final)
+
+    loop.on_update, loop.on_step = update, steps.append
+    calls, export = [], loop.export
+    loop.export = lambda: calls.append(1) or export()
+    responders = [Checking() for _ in range(2)]
+    for r in responders:
+        loop.submit(serve_request(tok, "def f():", r, max_new=32))
+    while not all(r.final for r in responders):
+        loop.iterate()
+    assert [n for _, n, _ in at_final] == [s for _, _, s in at_final]  # every step's draft length exported
+    first, second = at_final[0][0], at_final[1][0]
+    assert first["requests"] == 1 and first["generated_tokens"] == 32 and second["generated_tokens"] == 64
+    assert first["decode_steps"] == at_final[0][2] and second["decode_steps"] == at_final[1][2]
+    assert len(calls) < loop.counters.decode_steps  # not once per step
+
+
+def test_cancellation_is_polled_not_asked_every_step(loop_factory):
+    """Asking a client whether it left is a round trip too: at most one poll per CANCEL_POLL_S."""
+    from trtllm_dflash.serve import loop as loop_module
+
+    loop, tok = loop_factory(batch=1)
+    asked = []
+
+    class Counting(FakeResponder):
+        def cancelled(self):
+            asked.append(time.monotonic())
+            return False
+
+    done = Counting()
+    loop.submit(serve_request(tok, "def f():", done, max_new=64))
+    start = time.monotonic()
+    while not done.final:
+        loop.iterate()
+    polls_allowed = (time.monotonic() - start) / loop_module.CANCEL_POLL_S + 1
+    assert 1 <= len(asked) <= polls_allowed and len(asked) < loop.counters.decode_steps
+
 def test_first_stop():
     assert first_stop("hello world", ("wor", "lo")) == 3
     assert first_stop("hello", ("x", "")) is None

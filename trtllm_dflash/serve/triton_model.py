@@ -157,6 +157,7 @@ class TritonPythonModel:
 
     def make_metrics(self, max_draft_len: int) -> dict:
         metrics, self.families = {}, []  # a family must outlive its metrics
+        self.gauges = {}  # gauge -> the value last set
         for table, kind in ((COUNTERS, pb_utils.MetricFamily.COUNTER), (GAUGES, pb_utils.MetricFamily.GAUGE)):
             for field, (name, text) in table.items():
                 family = pb_utils.MetricFamily(name=name, description=text, kind=kind)
@@ -169,11 +170,15 @@ class TritonPythonModel:
         return metrics
 
     def update_metrics(self, counters: Counters, delta: dict) -> None:
+        """Each call to a metric is a round trip to the server process: only counts that grew, gauges that moved."""
         for field, amount in delta.items():
             if amount:
                 self.metrics[field].increment(amount)
         for field in GAUGES:
-            self.metrics[field].set(getattr(counters, field))
+            value = getattr(counters, field)
+            if self.gauges.get(field) != value:
+                self.metrics[field].set(value)
+                self.gauges[field] = value
 
     def execute(self, requests):
         for request in requests:
