@@ -35,13 +35,17 @@ def serve(engine: Path, root: Path, name: str, decoding: str, draft_len: str, th
     from trtllm_dflash.engine import free_port
     from trtllm_dflash.serve.locate import find_tritonserver
     from trtllm_dflash.serve.repository import ServeSettings, write_repository
-    from trtllm_dflash.serve.server import Endpoints, start_server, wait_ready
+    from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
 
     repo = root / f"repo-{name.replace(' ', '-').replace('=', '')}"
     write_repository(engine, repo, ServeSettings("m", decoding=decoding, draft_len=draft_len, threads=threads))
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     proc = start_server(find_tritonserver(root / "triton"), repo, ends, open(repo.with_suffix(".log"), "a"))
-    wait_ready(proc, timeout=900)
+    try:
+        wait_ready(proc, timeout=900)
+    except BaseException:  # not yet in the caller's list of servers to stop
+        stop_server(proc)
+        raise
     return proc, ends
 
 

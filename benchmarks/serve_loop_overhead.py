@@ -5,7 +5,7 @@
 
 The serving loop's host work between steps (metrics, cancellation checks, answers) talks to the Triton
 server process; trtllm_dflash/serve/loop.py batches it (METRICS_FLUSH_S, CANCEL_POLL_S). This measures what
-that changes where users see it: four real tritonservers up at once on the engine, calibration and prompts
+that changes where users see it: real tritonservers up at once (two per decoding in `--decodings`) on the engine, calibration and prompts
 of benchmarks/serve_dflash_vs_plain.py (built-in pair, float32, max_batch_size 16, `--draft-len auto`), plain
 decoding and DFlash each served by this tree and by the baseline commit (its package exported with `git
 archive` and put first on the path of the servers' model files). Every point runs on the baseline's server and this
@@ -38,8 +38,11 @@ def export_package(commit: str, dest: Path) -> Path:
     """The baseline's trtllm_dflash package under dest; -> the directory to put first on sys.path."""
     archive = dest / "baseline.tar"
     subprocess.run(["git", "-C", str(ROOT), "archive", "-o", str(archive), commit, "trtllm_dflash"], check=True)
-    with tarfile.open(archive) as tar:
-        tar.extractall(dest / "baseline", filter="data")
+    with tarfile.open(archive) as tar:  # git's own archive of the repository: trusted members
+        try:
+            tar.extractall(dest / "baseline", filter="data")
+        except TypeError:  # Python without extraction filters (before 3.10.12 / 3.11.4)
+            tar.extractall(dest / "baseline")
     return dest / "baseline"
 
 
@@ -47,7 +50,7 @@ def serve(engine: Path, root: Path, name: str, decoding: str, threads: int, pack
     from trtllm_dflash.engine import free_port
     from trtllm_dflash.serve.locate import find_tritonserver
     from trtllm_dflash.serve.repository import ServeSettings, write_repository
-    from trtllm_dflash.serve.server import Endpoints, start_server, wait_ready
+    from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
 
     repo = root / f"repo-{name}"
     write_repository(engine, repo, ServeSettings("m", decoding=decoding, draft_len="auto", threads=threads))
@@ -56,7 +59,11 @@ def serve(engine: Path, root: Path, name: str, decoding: str, threads: int, pack
         model_py.write_text(f"import sys\nsys.path.insert(0, {str(package)!r})\n" + model_py.read_text())
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     proc = start_server(find_tritonserver(root / "triton"), repo, ends, open(root / f"server-{name}.log", "a"))
-    wait_ready(proc, timeout=900)
+    try:
+        wait_ready(proc, timeout=900)
+    except BaseException:  # not yet in the caller's list of servers to stop
+        stop_server(proc)
+        raise
     return proc, ends
 
 
@@ -123,7 +130,7 @@ def main() -> None:
     from trtllm_dflash.pairs import stdlib_pair
 
     torch.set_num_threads(args.threads)
-    this = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+    this = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"], capture_output=True,
                           text=True, check=True).stdout.strip()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)

@@ -164,9 +164,10 @@ def test_metrics_reach_the_exporter_in_batches_and_before_each_final_answer(loop
     """Each exporter call is a round trip to Triton's server process: steps are not exported one by one, yet a
     client holding its final answer finds its request, tokens and every step so far exported."""
     loop, tok = loop_factory(batch=1)
-    exported, steps, at_final = {}, [], []
+    exported, steps, at_final, calls = {}, [], [], []
 
     def update(counters, delta):
+        calls.append(delta)
         for key, value in delta.items():
             exported[key] = exported.get(key, 0) + value
 
@@ -177,8 +178,6 @@ def test_metrics_reach_the_exporter_in_batches_and_before_each_final_answer(loop
             super().send(outputs, final)
 
     loop.on_update, loop.on_step = update, steps.append
-    calls, export = [], loop.export
-    loop.export = lambda: calls.append(1) or export()
     responders = [Checking() for _ in range(2)]
     for r in responders:
         loop.submit(serve_request(tok, "def f():", r, max_new=32))
@@ -188,7 +187,31 @@ def test_metrics_reach_the_exporter_in_batches_and_before_each_final_answer(loop
     first, second = at_final[0][0], at_final[1][0]
     assert first["requests"] == 1 and first["generated_tokens"] == 32 and second["generated_tokens"] == 64
     assert first["decode_steps"] == at_final[0][2] and second["decode_steps"] == at_final[1][2]
-    assert len(calls) < loop.counters.decode_steps  # not once per step
+    assert len(calls) < loop.counters.decode_steps  # exporter round trips: not one per step
+
+
+def test_a_refused_send_to_a_client_gone_between_polls_cancels_only_its_request(loop_factory):
+    """Between two cancellation polls a client may go away and Triton refuse its next response: that request is
+    cancelled, the one beside it finishes untouched."""
+    loop, tok = loop_factory(batch=2)
+
+    class Gone(FakeResponder):
+        def send(self, outputs, final):
+            if self.sent:
+                raise RuntimeError("stream closed")
+            super().send(outputs, final)
+
+        def cancelled(self):
+            return bool(self.sent)
+
+    loop.polled_s = time.monotonic() + 3600  # no poll during the test: only the refused send can find it
+    gone, other = Gone(), FakeResponder()
+    loop.submit(serve_request(tok, "abcdef", gone, stream=True, max_new=64))
+    loop.submit(serve_request(tok, "ghijkl", other, max_new=16))
+    while not other.final or loop.generator.slots.running:
+        loop.iterate()
+    assert other.sent[-1]["num_output_tokens"] == 16 and not other.errors
+    assert len(gone.sent) == 1 and loop.counters.failed == 1
 
 
 def test_cancellation_is_polled_not_asked_every_step(loop_factory):

@@ -162,6 +162,7 @@ class ServingLoop:
         for seq in list(self.generator.slots.running.values()):
             self.generator.cancel(seq, "error")
             self.count(failed=1)  # through count(), so the Prometheus counter sees it too
+            self.running_gauges()
             self.export()
             seq.tag.responder.error(message)
 
@@ -198,6 +199,7 @@ class ServingLoop:
             if seq.tag.responder.cancelled():
                 self.generator.cancel(seq, "cancelled")
                 self.count(failed=1)
+                self.running_gauges()
                 self.export()
                 try:
                     seq.tag.responder.error(CANCELLED)
@@ -220,8 +222,20 @@ class ServingLoop:
             stable = text[: len(text.rstrip("\ufffd"))]  # hold back a partial UTF-8 character
             if len(stable) > len(req.sent_text):
                 delta = stable[len(req.sent_text):]
-                req.responder.send({"text_output": self.with_prompt(req, delta)}, final=False)
+                self.send(seq, {"text_output": self.with_prompt(req, delta)}, final=False)
                 req.sent_text = stable
+
+    def send(self, seq: Sequence, outputs: dict, final: bool) -> None:
+        """A client that went away since the last poll (CANCEL_POLL_S) may have its responses refused: its request
+        is then cancelled like one found by the poll, instead of failing every request in flight."""
+        try:
+            seq.tag.responder.send(outputs, final=final)
+        except Exception:
+            if not seq.tag.responder.cancelled():
+                raise
+            if not seq.done:
+                self.generator.cancel(seq, "cancelled")
+                self.count(failed=1)
 
     def with_prompt(self, req: ServeRequest, text: str) -> str:
         """TensorRT-LLM's llmapi model includes the prompt unless told not to (once, when streaming)."""
@@ -250,7 +264,7 @@ class ServingLoop:
                     plain_only_requests=int(not seq.drafting))
         self.running_gauges()
         self.export()  # before the answer: a client that has it sees its request and steps counted
-        req.responder.send(outputs, final=True)
+        self.send(seq, outputs, final=True)
 
     def count(self, draft_len: int | None = None, **delta: int) -> None:
         """Add to the counters now (draft_len: a batch step's); the exporter gets them at the next `export` (see
