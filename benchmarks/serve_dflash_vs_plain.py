@@ -125,18 +125,25 @@ def served_engine(root: Path, max_batch: int, made_by: str):
     return engine, cost
 
 
-def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int):
+def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int, name: str | None = None,
+          package: Path | None = None):
+    """A tritonserver serving `engine` as model "m", ready; -> (process, endpoints). name: its repository and log
+    under root (default: decoding); package: a directory put first on the model file's sys.path, to serve that
+    copy of trtllm_dflash (the Python backend stub's interpreter ignores PYTHONPATH)."""
     from trtllm_dflash.engine import free_port
     from trtllm_dflash.serve.locate import find_tritonserver
     from trtllm_dflash.serve.repository import ServeSettings, write_repository
     from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
 
-    repo = root / f"repo-{decoding}"
+    name = name or decoding
+    repo = root / f"repo-{name}"
     write_repository(engine, repo, ServeSettings("m", decoding=decoding, draft_len=draft_len if decoding == "dflash"
                                                  else "auto", threads=threads))
+    if package is not None:
+        model_py = repo / "m" / "1" / "model.py"
+        model_py.write_text(f"import sys\nsys.path.insert(0, {str(package)!r})\n" + model_py.read_text())
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
-    log = open(root / f"server-{decoding}.log", "a")
-    proc = start_server(find_tritonserver(root / "triton"), repo, ends, log)
+    proc = start_server(find_tritonserver(root / "triton"), repo, ends, open(root / f"server-{name}.log", "a"))
     try:
         wait_ready(proc, timeout=900)
     except BaseException:  # not yet in the caller's list of servers to stop

@@ -25,28 +25,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_dflash_vs_plain import NEW_TOKENS, post, prompt_sets, run_point, served_engine  # noqa: E402
+from serve_dflash_vs_plain import NEW_TOKENS, post, prompt_sets, run_point, serve, served_engine  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "serve_floor_1024.json"
 CASES = {"plain": ("plain", "auto"), "dflash k=0": ("dflash", "0"), "dflash auto": ("dflash", "auto")}
-
-
-def serve(engine: Path, root: Path, name: str, decoding: str, draft_len: str, threads: int):
-    from trtllm_dflash.engine import free_port
-    from trtllm_dflash.serve.locate import find_tritonserver
-    from trtllm_dflash.serve.repository import ServeSettings, write_repository
-    from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
-
-    repo = root / f"repo-{name.replace(' ', '-').replace('=', '')}"
-    write_repository(engine, repo, ServeSettings("m", decoding=decoding, draft_len=draft_len, threads=threads))
-    ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
-    proc = start_server(find_tritonserver(root / "triton"), repo, ends, open(repo.with_suffix(".log"), "a"))
-    try:
-        wait_ready(proc, timeout=900)
-    except BaseException:  # not yet in the caller's list of servers to stop
-        stop_server(proc)
-        raise
-    return proc, ends
 
 
 def one_request(url: str, prompt: str) -> dict:
@@ -98,7 +80,8 @@ def main() -> None:
         servers = {}
         try:
             for name in names:
-                servers[name] = serve(engine, root, name, *CASES[name], args.threads)
+                servers[name] = serve(engine, root, *CASES[name], args.threads,
+                                      name.replace(" ", "-").replace("=", ""))
             urls = {name: f"{ends.http_url}/v2/models/m/generate" for name, (_, ends) in servers.items()}
             for name in names:
                 post(urls[name], {"text_input": prompts["short"][0], "sampling_param_max_tokens": 8})  # warm-up

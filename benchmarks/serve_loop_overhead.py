@@ -5,8 +5,8 @@
 
 The serving loop's host work between steps (metrics, cancellation checks, answers) talks to the Triton
 server process; trtllm_dflash/serve/loop.py batches it (METRICS_FLUSH_S, CANCEL_POLL_S). This measures what
-that changes where users see it: real tritonservers up at once (two per decoding in `--decodings`) on the engine, calibration and prompts
-of benchmarks/serve_dflash_vs_plain.py (built-in pair, float32, max_batch_size 16, `--draft-len auto`), plain
+that changes where users see it: real tritonservers up at once (two per decoding in `--decodings`) on the
+engine, calibration and prompts of benchmarks/serve_dflash_vs_plain.py (built-in pair, float32, max_batch_size 16, `--draft-len auto`), plain
 decoding and DFlash each served by this tree and by the baseline commit (its package exported with `git
 archive` and put first on the path of the servers' model files). Every point runs on the baseline's server and this
 tree's back to back, order alternating from point to point and between repeats (the servers start fresh
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_dflash_vs_plain import post, prompt_sets, run_point, served_engine  # noqa: E402
+from serve_dflash_vs_plain import post, prompt_sets, run_point, serve, served_engine  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "serve_loop_overhead.json"
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,27 +46,6 @@ def export_package(commit: str, dest: Path) -> Path:
     return dest / "baseline"
 
 
-def serve(engine: Path, root: Path, name: str, decoding: str, threads: int, package: Path | None):
-    from trtllm_dflash.engine import free_port
-    from trtllm_dflash.serve.locate import find_tritonserver
-    from trtllm_dflash.serve.repository import ServeSettings, write_repository
-    from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
-
-    repo = root / f"repo-{name}"
-    write_repository(engine, repo, ServeSettings("m", decoding=decoding, draft_len="auto", threads=threads))
-    if package is not None:  # the stub's interpreter ignores PYTHONPATH: the model file puts the baseline first
-        model_py = repo / "m" / "1" / "model.py"
-        model_py.write_text(f"import sys\nsys.path.insert(0, {str(package)!r})\n" + model_py.read_text())
-    ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
-    proc = start_server(find_tritonserver(root / "triton"), repo, ends, open(root / f"server-{name}.log", "a"))
-    try:
-        wait_ready(proc, timeout=900)
-    except BaseException:  # not yet in the caller's list of servers to stop
-        stop_server(proc)
-        raise
-    return proc, ends
-
-
 def run_repeat(engine, root, baseline, args, prompts, rep: int) -> list[dict]:
     from trtllm_dflash.serve.server import stop_server
 
@@ -75,7 +54,7 @@ def run_repeat(engine, root, baseline, args, prompts, rep: int) -> list[dict]:
     try:
         for decoding in args.decodings:
             for tree in trees:
-                servers[tree, decoding] = serve(engine, root, f"{tree}-{decoding}", decoding, args.threads,
+                servers[tree, decoding] = serve(engine, root, decoding, "auto", args.threads, f"{tree}-{decoding}",
                                                 baseline if tree == "baseline" else None)
         for _, ends in servers.values():  # warm-up
             post(f"{ends.http_url}/v2/models/m/generate", {"text_input": prompts["short"][0],
@@ -151,7 +130,8 @@ def main() -> None:
           f"{'min':>5} {'max':>5}")
     for t in table:
         print(f"{t['context']:>7} {t['concurrency']:>4} {t['decoding']:>8} {t['baseline_tok_s_median']:>14.1f} "
-              f"{t['this_tok_s_median']:>10.1f} {t['ratio_median']:>9.2f} {t['ratio_min']:>5.2f} {t['ratio_max']:>5.2f}")
+              f"{t['this_tok_s_median']:>10.1f} {t['ratio_median']:>9.2f} {t['ratio_min']:>5.2f} "
+              f"{t['ratio_max']:>5.2f}")
     print(f"written: {args.output}")
 
 

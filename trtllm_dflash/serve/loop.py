@@ -162,7 +162,6 @@ class ServingLoop:
         for seq in list(self.generator.slots.running.values()):
             self.generator.cancel(seq, "error")
             self.count(failed=1)  # through count(), so the Prometheus counter sees it too
-            self.running_gauges()
             self.export()
             seq.tag.responder.error(message)
 
@@ -199,7 +198,6 @@ class ServingLoop:
             if seq.tag.responder.cancelled():
                 self.generator.cancel(seq, "cancelled")
                 self.count(failed=1)
-                self.running_gauges()
                 self.export()
                 try:
                     seq.tag.responder.error(CANCELLED)
@@ -210,7 +208,7 @@ class ServingLoop:
         req: ServeRequest = seq.tag
         if not (seq.done or req.streaming or req.stop_strings):  # nothing to send or look for before the end
             return
-        text = self.tokenizer.decode(seq.result.output_ids)  # the whole output: a token's text depends on its neighbours
+        text = self.tokenizer.decode(seq.result.output_ids)  # whole: a token's text depends on its neighbours
         cut = first_stop(text, req.stop_strings)
         if cut is not None and not seq.done:
             self.generator.cancel(seq, "stop")
@@ -262,7 +260,6 @@ class ServingLoop:
         self.count(generated_tokens=len(result.output_ids), draft_steps=draft_steps,
                     drafted_tokens=result.drafted_tokens, accepted_tokens=result.accepted_tokens,
                     plain_only_requests=int(not seq.drafting))
-        self.running_gauges()
         self.export()  # before the answer: a client that has it sees its request and steps counted
         self.send(seq, outputs, final=True)
 
@@ -277,8 +274,10 @@ class ServingLoop:
                 self.unexported_steps.append(draft_len)
 
     def export(self) -> None:
-        """Hand the counts since the last export, the steps' draft lengths and the gauges to the exporter."""
+        """Hand the counts since the last export, the steps' draft lengths and the gauges (refreshed) to the
+        exporter."""
         with self.counting:
+            self.running_gauges()
             delta, self.unexported = self.unexported, {}
             steps, self.unexported_steps = self.unexported_steps, []
             self.exported_s = time.monotonic()
