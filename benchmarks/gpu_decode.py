@@ -158,6 +158,41 @@ def measure(generator, device: str, batch: int, context: int, repeats: int) -> d
             "dflash_step_samples_s": times[BLOCK - 1]}
 
 
+def header(device_arg: str, tiny: bool, dtype) -> dict:
+    device = torch.cuda.get_device_name() if device_arg.startswith("cuda") else platform.processor() or "cpu"
+    return {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "device": device, "torch": torch.__version__, "shapes": "tiny" if tiny else "Qwen3-8B",
+            "dtype": str(dtype).removeprefix("torch."), "tau": TAU, "modes": {}}
+
+
+def roofline_fields(target, device: str, tiny: bool) -> dict:
+    weights = step_bytes(target)
+    bandwidth = copy_bandwidth(device, (1 << 20) if tiny else (2 << 30))
+    return {"weight_bytes_per_step": weights, "copy_bandwidth_bytes_per_s": bandwidth,
+            "roofline_step_s": weights / bandwidth}
+
+
+def run_mode(generator, mode: str, device: str, batches: list[int], context: int, repeats: int,
+             roofline: float) -> dict:
+    """One step mode: its warm-up (compile_s) and a row per batch size."""
+    compile_s = set_mode(generator, mode, device)
+    with torch.inference_mode():
+        rows = [measure(generator, device, b, context, repeats) for b in batches]
+    for row in rows:
+        row["ar_step_roofline_fraction"] = roofline / row["ar_step_s"]  # 1.0: as fast as reading the weights
+    return {"compile_s": compile_s, "rows": rows}
+
+
+def report(record: dict) -> None:
+    for mode, result in record["modes"].items():
+        print(f"{mode} (warm-up {result['compile_s']:.0f} s)", file=sys.stderr)
+        for row in result["rows"]:
+            print(f"  batch {row['batch']:3}: AR {row['ar_step_s'] * 1e3:8.2f} ms ({row['ar_step_roofline_fraction']:.0%} "
+                  f"of roofline)  DFlash step {row['dflash_step_s'] * 1e3:8.2f} ms  drafter "
+                  f"{row['drafter_over_ar']:.0%} of AR  verify {row['verify_over_ar']:.2f}x AR  projected "
+                  f"{row[f'projected_speedup_tau_{TAU}']:.2f}x", file=sys.stderr)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda")
@@ -173,31 +208,17 @@ def main() -> None:
     shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN3_8B, torch.bfloat16)
     context = min(args.context, 64) if args.tiny else args.context
     started = time.perf_counter()
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or "cpu"
-    record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "device": device, "torch": torch.__version__, "shapes": "tiny" if args.tiny else "Qwen3-8B",
-              "dtype": str(dtype).removeprefix("torch."), "tau": TAU, "modes": {}}
+    record = header(args.device, args.tiny, dtype)
     generator, target = build(shape, 2 if args.tiny else 5, args.device, dtype)
-    record["weight_bytes_per_step"] = weights = step_bytes(target)
-    record["copy_bandwidth_bytes_per_s"] = bandwidth = copy_bandwidth(args.device, (1 << 20) if args.tiny else (2 << 30))
-    record["roofline_step_s"] = roofline = weights / bandwidth
+    record.update(roofline_fields(target, args.device, args.tiny))
     for mode in args.step_modes.split(","):
-        compile_s = set_mode(generator, mode, args.device)
-        with torch.inference_mode():
-            rows = [measure(generator, args.device, int(b), context, args.repeats) for b in args.batches.split(",")]
-        for row in rows:
-            row["ar_step_roofline_fraction"] = roofline / row["ar_step_s"]  # 1.0: as fast as reading the weights
-        record["modes"][mode] = {"compile_s": compile_s, "rows": rows}
+        batches = [int(b) for b in args.batches.split(",")]
+        record["modes"][mode] = run_mode(generator, mode, args.device, batches, context, args.repeats,
+                                         record["roofline_step_s"])
         record["wall_s"] = time.perf_counter() - started
         Path(args.output).parent.mkdir(parents=True, exist_ok=True)
         Path(args.output).write_text(json.dumps(record, indent=2) + "\n")
-    for mode, result in record["modes"].items():
-        print(f"{mode} (warm-up {result['compile_s']:.0f} s)", file=sys.stderr)
-        for row in result["rows"]:
-            print(f"  batch {row['batch']:3}: AR {row['ar_step_s'] * 1e3:8.2f} ms ({row['ar_step_roofline_fraction']:.0%} "
-                  f"of roofline)  DFlash step {row['dflash_step_s'] * 1e3:8.2f} ms  drafter "
-                  f"{row['drafter_over_ar']:.0%} of AR  verify {row['verify_over_ar']:.2f}x AR  projected "
-                  f"{row[f'projected_speedup_tau_{TAU}']:.2f}x", file=sys.stderr)
+    report(record)
 
 
 if __name__ == "__main__":

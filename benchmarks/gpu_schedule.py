@@ -60,6 +60,43 @@ def choose(cost, a: float, context: int, max_draft_len: int) -> list[dict]:
     return rows
 
 
+def calibrated_schedule(generator, max_batch: int, context: int, tau: float, repeats: int) -> dict:
+    """Calibrate the generator's steps (allocated here for max_batch requests of context tokens) and choose the
+    schedule for tau: the JSON record's measured part, with "schedule" as {batch: draft length}."""
+    from trtllm_dflash.draft_length.calibrate import CalibrationPlan, measure
+
+    max_draft_len = BLOCK - 1
+    generator.allocate(max_batch, context + 2 * BLOCK + 2, BLOCK)
+    with torch.inference_mode():
+        cost = measure(generator, CalibrationPlan.covering(max_batch, max_draft_len, context, repeats))
+    a = acceptance_for_tau(tau, max_draft_len)
+    rows = choose(cost, a, context, max_draft_len)
+    first = rows[0]["best"]
+    return {"device": cost.meta["device"], "step_mode": generator.step_mode.mode, "context": context, "tau": tau,
+            "acceptance_per_position": a, "cost_model": cost.to_json(), "rows": rows,
+            "schedule": {str(r["batch"]): min(r["best"], first) for r in rows}}
+
+
+def write(out: Path, record: dict) -> None:
+    """The JSON record, and the schedule as TensorRT-LLM's YAML beside it."""
+    from trtllm_dflash.draft_len_schedule import DraftLenSchedule, write_schedule
+
+    schedule = DraftLenSchedule(tuple((int(b), k) for b, k in record["schedule"].items()),
+                                f"benchmarks/gpu_schedule.py on {record['device']}, tau {record['tau']}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    write_schedule(out.with_suffix(".yaml"), schedule)
+
+
+def report(record: dict, out: Path) -> None:
+    print(f"{record['device']}, {record['step_mode']}, context {record['context']}, tau {record['tau']} "
+          f"(a = {record['acceptance_per_position']:.3f})", file=sys.stderr)
+    for row in record["rows"]:
+        print(f"  batch {row['batch']:3}: k = {row['best']:2}  {row['gain_over_plain']:.2f}x plain  "
+              f"(plain step {row['seconds'][0] * 1e3:.2f} ms)", file=sys.stderr)
+    print(f"schedule: {record['schedule']} -> {out.with_suffix('.yaml')}", file=sys.stderr)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda")
@@ -75,38 +112,18 @@ def main() -> None:
         raise SystemExit("gpu_schedule.py: no CUDA device here (use --tiny --device cpu --step-mode eager)")
     if not 1 <= args.tau <= BLOCK:
         raise SystemExit(f"gpu_schedule.py: --tau must be in [1, {BLOCK}], got {args.tau}")
-    from trtllm_dflash.draft_len_schedule import DraftLenSchedule, write_schedule
-    from trtllm_dflash.draft_length.calibrate import CalibrationPlan, measure
-
     shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN3_8B, torch.bfloat16)
     context = min(args.context, 64) if args.tiny else args.context
     started = time.perf_counter()
     generator, _ = build(shape, 2 if args.tiny else 5, args.device, dtype)
     compile_s = set_mode(generator, args.step_mode, args.device)
-    max_draft_len = BLOCK - 1
-    generator.allocate(args.max_batch, context + 2 * BLOCK + 2, BLOCK)
-    with torch.inference_mode():
-        cost = measure(generator, CalibrationPlan.covering(args.max_batch, max_draft_len, context, args.repeats))
-    a = acceptance_for_tau(args.tau, max_draft_len)
-    rows = choose(cost, a, context, max_draft_len)
-    first = rows[0]["best"]
-    schedule = DraftLenSchedule(tuple((r["batch"], min(r["best"], first)) for r in rows),
-                                f"benchmarks/gpu_schedule.py on {cost.meta['device']}, tau {args.tau}")
-    out = Path(args.output)
-    out.parent.mkdir(parents=True, exist_ok=True)
+    measured = calibrated_schedule(generator, args.max_batch, context, args.tau, args.repeats)
     record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "device": cost.meta["device"], "torch": torch.__version__, "shapes": "tiny" if args.tiny else "Qwen3-8B",
-              "dtype": str(dtype).removeprefix("torch."), "step_mode": generator.step_mode.mode, "compile_s": compile_s,
-              "context": context, "tau": args.tau, "acceptance_per_position": a, "cost_model": cost.to_json(),
-              "rows": rows, "schedule": {str(b): k for b, k in schedule.steps}, "wall_s": time.perf_counter() - started}
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    write_schedule(out.with_suffix(".yaml"), schedule)
-    print(f"{cost.meta['device']}, {generator.step_mode.mode}, context {context}, tau {args.tau} (a = {a:.3f})",
-          file=sys.stderr)
-    for row in rows:
-        print(f"  batch {row['batch']:3}: k = {row['best']:2}  {row['gain_over_plain']:.2f}x plain  "
-              f"(plain step {row['seconds'][0] * 1e3:.2f} ms)", file=sys.stderr)
-    print(f"schedule: {dict(schedule.steps)} -> {out.with_suffix('.yaml')}", file=sys.stderr)
+              "torch": torch.__version__, "shapes": "tiny" if args.tiny else "Qwen3-8B",
+              "dtype": str(dtype).removeprefix("torch."), "compile_s": compile_s, **measured,
+              "wall_s": time.perf_counter() - started}
+    write(Path(args.output), record)
+    report(record, Path(args.output))
 
 
 if __name__ == "__main__":
