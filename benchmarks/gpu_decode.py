@@ -176,11 +176,16 @@ def run_mode(generator, mode: str, device: str, batches: list[int], context: int
              roofline: float) -> dict:
     """One step mode: its warm-up (compile_s) and a row per batch size."""
     compile_s = set_mode(generator, mode, device)
+    return {"compile_s": compile_s, "rows": rows_for(generator, device, batches, context, repeats, roofline)}
+
+
+def rows_for(generator, device: str, batches: list[int], context: int, repeats: int, roofline: float) -> list[dict]:
+    """A row per batch size in the generator's current step mode."""
     with torch.inference_mode():
         rows = [measure(generator, device, b, context, repeats) for b in batches]
     for row in rows:
         row["ar_step_roofline_fraction"] = roofline / row["ar_step_s"]  # 1.0: as fast as reading the weights
-    return {"compile_s": compile_s, "rows": rows}
+    return rows
 
 
 def report(record: dict) -> None:

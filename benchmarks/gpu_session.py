@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 import traceback
@@ -26,6 +27,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_decode  # noqa: E402
 import gpu_schedule  # noqa: E402
+
+
+def progress(started: float, what: str) -> None:
+    print(f"gpu_session.py: [{time.perf_counter() - started:6.0f} s] {what}", file=sys.stderr, flush=True)
+
+
+def stopped(signum, frame):
+    """SIGTERM (timeout's) as SystemExit, so that main's finally says where the time went."""
+    raise SystemExit(124)
+
+
+def compile_times() -> str:
+    """dynamo's and inductor's time per phase so far (empty when nothing compiled)."""
+    try:
+        from torch._dynamo.utils import compile_times as times
+
+        return times(repr="str", aggregate=True)
+    except Exception as exc:  # a torch without it: the reason instead
+        return f"(no compile times: {type(exc).__name__}: {exc})"
 
 
 def schedule(generator, args, context: int, compile_s: float, decode: dict, out: Path) -> None:
@@ -68,30 +88,38 @@ def main() -> None:
     def due() -> bool:
         return time.perf_counter() - started < args.deadline_s
 
-    for mode in args.step_modes.split(","):
-        if not due():
-            print(f"gpu_session.py: deadline passed, {mode} not run", file=sys.stderr)
-            break
-        try:  # the schedule first: a lease that runs out mid-mode keeps it (issue 16's GPU goal)
-            compile_s = gpu_decode.set_mode(generator, mode, args.device)
-            schedule(generator, args, context, compile_s, decode, out / f"gpu_schedule_{mode}.json")
-        except Exception as exc:
-            traceback.print_exc()
-            decode["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
-            continue
-        if not due():
-            break
-        try:
-            rows = gpu_decode.run_mode(generator, mode, args.device, batches, context, args.repeats,
-                                       decode["roofline_step_s"])
-            decode["modes"][mode] = {**rows, "compile_s": compile_s}  # compiled once, before the schedule
-        except Exception as exc:
-            traceback.print_exc()
-            decode["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
-        decode["wall_s"] = time.perf_counter() - started
-        if args.device.startswith("cuda"):
-            decode["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
-        (out / "gpu_decode.json").write_text(json.dumps(decode, indent=2) + "\n")
+    signal.signal(signal.SIGTERM, stopped)
+    try:
+        for mode in args.step_modes.split(","):
+            if not due():
+                print(f"gpu_session.py: deadline passed, {mode} not run", file=sys.stderr)
+                break
+            try:  # the schedule first: a lease that runs out mid-mode keeps it (issue 16's GPU goal)
+                progress(started, f"{mode}: warm-up")
+                compile_s = gpu_decode.set_mode(generator, mode, args.device)
+                progress(started, f"{mode}: warm-up took {compile_s:.0f} s; calibration and schedule")
+                schedule(generator, args, context, compile_s, decode, out / f"gpu_schedule_{mode}.json")
+            except Exception as exc:
+                traceback.print_exc()
+                decode["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
+                continue
+            if not due():
+                break
+            try:
+                progress(started, f"{mode}: decode rows")
+                rows = gpu_decode.rows_for(generator, args.device, batches, context, args.repeats,
+                                           decode["roofline_step_s"])
+                decode["modes"][mode] = {"compile_s": compile_s, "rows": rows}  # compiled once, before the schedule
+            except Exception as exc:
+                traceback.print_exc()
+                decode["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
+            decode["wall_s"] = time.perf_counter() - started
+            if args.device.startswith("cuda"):
+                decode["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
+            (out / "gpu_decode.json").write_text(json.dumps(decode, indent=2) + "\n")
+    finally:
+        if args.step_modes != "eager":
+            progress(started, "compile times so far:\n" + compile_times())
     gpu_decode.report({"modes": {m: r for m, r in decode["modes"].items() if "rows" in r}})
     print(f"gpu_session.py: {time.perf_counter() - started:.0f} s", file=sys.stderr)
 

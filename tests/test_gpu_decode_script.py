@@ -57,3 +57,28 @@ def test_schedule_smoke_run_chooses_the_best_draft_length_per_batch(tmp_path):
         rates = row["tokens_per_s"]
         assert row["best"] == rates.index(max(rates)) and k == min(row["best"], first)
         assert rates[3] == pytest.approx(row["batch"] * sum(a ** i for i in range(4)) / row["seconds"][3])
+
+
+def test_session_writes_both_scripts_records_from_one_build(tmp_path):
+    """benchmarks/gpu_session.py (tiny, eager, CPU): gpu_schedule.py's and gpu_decode.py's records from one process,
+    each in its script's format; a deadline already passed runs no mode and says so."""
+    from trtllm_dflash.draft_len_schedule import read_schedule
+
+    session = SCRIPT.with_name("gpu_session.py")
+    run = subprocess.run([sys.executable, str(session), "--tiny", "--device", "cpu", "--step-modes", "eager",
+                          "--batches", "1,2", "--repeats", "2", "--max-batch", "2", "--calibration-repeats", "1",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    decode = json.loads((tmp_path / "gpu_decode.json").read_text())
+    rows = decode["modes"]["eager"]["rows"]
+    assert [r["batch"] for r in rows] == [1, 2] and all(len(r["ar_step_samples_s"]) == 2 for r in rows)
+    assert rows[0]["ar_step_roofline_fraction"] == pytest.approx(decode["roofline_step_s"] / rows[0]["ar_step_s"])
+    schedule = json.loads((tmp_path / "gpu_schedule_eager.json").read_text())
+    assert schedule["step_mode"] == "eager" and [r["batch"] for r in schedule["rows"]] == [1, 2]
+    assert [b for b, _ in read_schedule(tmp_path / "gpu_schedule_eager.yaml").steps] == [1, 2]
+
+    late = subprocess.run([sys.executable, str(session), "--tiny", "--device", "cpu", "--step-modes", "eager",
+                           "--deadline-s", "0", "--out", str(tmp_path / "late")], capture_output=True, text=True,
+                          timeout=600)
+    assert late.returncode == 0 and "deadline passed, eager not run" in late.stderr
+    assert not (tmp_path / "late" / "gpu_schedule_eager.json").exists()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# What a short GPU lease should run, as one command from the repository root:
+#
+#   bash benchmarks/gpu_lease.sh [SECONDS] [OUT_DIR]      # defaults: 540, $OUT or benchmarks/results/gpu
+#   MODES=eager,cuda-graphs TESTS=1 bash benchmarks/gpu_lease.sh 540
+#
+# - TESTS=1: pytest tests/test_cuda_steps.py first (every step mode's greedy output against transformers on the
+#   GPU, CUDA graphs really replayed, one host sync per step); 110 s for the three non-graph tests and 96 s for
+#   the two cuda-graphs ones on an H200 (2026-11-26).
+# - then benchmarks/gpu_session.py for MODES (default cuda-graphs: eager was measured on an H200, see
+#   benchmarks/results/gpu_h200/RUN.md), with a deadline that leaves the last part 100 s, killed (SIGTERM, which
+#   gpu_session.py turns into a record of where its time went) at SECONDS.
+# The package is imported from a copy of trtllm_dflash/ with plugins/ inside it, as an install lays it out
+# (PYTHONPATH=. alone lacks trtllm_dflash.plugins), so nothing needs installing and the checkout is untouched.
+set -u
+seconds=${1:-540}
+out=${2:-${OUT:-benchmarks/results/gpu}}
+mkdir -p "$out"
+site=$(mktemp -d)
+cp -r trtllm_dflash "$site/" && cp -r plugins "$site/trtllm_dflash/plugins" || exit 1
+export PYTHONUNBUFFERED=1 PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+start=$(date +%s)
+left() { echo $((seconds - ($(date +%s) - start))); }
+nvidia-smi -L
+python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+if [ "${TESTS:-0}" = 1 ]; then
+    timeout $(($(left) / 2)) python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/test_cuda_steps.py \
+        >"$out/tests_cuda_steps.log" 2>&1
+    echo "tests/test_cuda_steps.py: exit $? after $(($(date +%s) - start)) s"
+    tail -3 "$out/tests_cuda_steps.log"
+fi
+budget=$(left)
+timeout "$budget" python3 benchmarks/gpu_session.py --out "$out" --step-modes "${MODES:-cuda-graphs}" \
+    --deadline-s $((budget - 100)) >"$out/session.log" 2>&1
+echo "gpu_session.py: exit $? after $(($(date +%s) - start)) s"
+tail -40 "$out/session.log"
