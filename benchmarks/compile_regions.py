@@ -1,6 +1,9 @@
-"""Warm-up compile time of compiled steps, with and without the decoder layer as a nested compile region (a trial).
+"""Warm-up compile time of compiled steps: as they are, with the decoder layer as a nested compile region (a trial),
+and padded to cuda-graphs' buckets (sizes from 2: one target graph and one drafter graph).
 
-    python benchmarks/compile_regions.py [--layers 8,20] [--threads 2]
+    python benchmarks/compile_regions.py [--layers 8,20] [--threads 2] [--variants plain,region]
+    python benchmarks/compile_regions.py --layers 8 --variants plain,graph-shapes,plain,graph-shapes \
+        --output benchmarks/results/compile_graph_shapes.json
 
 The random Qwen3-shaped build of benchmarks/gpu_decode.py at hidden 256 (8 heads, 2 KV heads, head_dim 32,
 intermediate 512, vocab 1024, float32, CPU) with `--layers` target layers and a 2-layer drafter. For each depth,
@@ -9,7 +12,9 @@ and the same with `TargetLayer.forward` wrapped in `torch.compiler.nested_compil
 built before the layers, so the region has no side effect). Each records the seconds of `compile_step_shapes`
 (the load's warm-up in compile mode), whether greedy output after it equals the eager output before it, and
 dynamo's captured calls and unique graphs. One run per case: a compile-time comparison, not a rate. The region
-variant is a monkeypatch here, not a runtime option (it did not shorten the warm-up on torch 2.13).
+variant is a monkeypatch here, not a runtime option (it did not shorten the warm-up on torch 2.13). The
+graph-shapes variant runs compile mode with cuda-graphs' padding buckets (`step_mode.GRAPH_SHAPES`), which CUDA
+graph recording itself needs a GPU for: the compile work is the same, done here.
 Writes benchmarks/results/compile_regions.json.
 """
 
@@ -50,7 +55,7 @@ def as_region() -> None:
     tmod.TargetModel.forward = forward
 
 
-def one(layers: int, region: bool, threads: int) -> dict:
+def one(layers: int, variant: str, threads: int) -> dict:
     """In this process: build, decode eagerly, compile the steps, decode again."""
     import torch
     import torch._dynamo.utils as dynamo_utils
@@ -61,17 +66,25 @@ def one(layers: int, region: bool, threads: int) -> dict:
     from trtllm_dflash.draft_length.policy import FixedDraftLen
     from trtllm_dflash.request import Request
 
+    from trtllm_dflash.step_mode import GRAPH_SHAPES, StepMode, compile_step_shapes
+
     torch.set_num_threads(threads)
-    if region:
+    if variant == "region":
         as_region()
     generator, _ = build({**SHAPE, "num_hidden_layers": layers}, 2, "cpu", torch.float32)
     generator.policy = FixedDraftLen()
     request = Request((1, 2, 3, 4, 5), 20, ignore_eos=True)
     eager = generator.generate([request])[0].output_ids
-    seconds = set_mode(generator, "compile", "cpu")
+    if variant == "graph-shapes":
+        generator.set_step_mode(StepMode("compile", GRAPH_SHAPES))
+        started = time.perf_counter()
+        compile_step_shapes(generator)
+        seconds = time.perf_counter() - started
+    else:
+        seconds = set_mode(generator, "compile", "cpu")
     compiled = generator.generate([request])[0].output_ids
     stats = dynamo_utils.counters["stats"]
-    return {"layers": layers, "region": region, "warm_up_s": seconds, "same_as_eager": compiled == eager,
+    return {"layers": layers, "variant": variant, "region": variant == "region", "warm_up_s": seconds, "same_as_eager": compiled == eager,
             "calls_captured": stats["calls_captured"], "unique_graphs": stats["unique_graphs"]}
 
 
@@ -79,16 +92,17 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--layers", default="8,20")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--variants", default="plain,region", help="in this order, per depth: plain, region, graph-shapes")
     p.add_argument("--output", type=Path, default=OUT)
-    p.add_argument("--one", help=argparse.SUPPRESS)  # "LAYERS:region|plain": run one case in this process
+    p.add_argument("--one", help=argparse.SUPPRESS)  # "LAYERS:VARIANT": run one case in this process
     args = p.parse_args()
     if args.one:
         layers, variant = args.one.split(":")
-        print(json.dumps(one(int(layers), variant == "region", args.threads)))
+        print(json.dumps(one(int(layers), variant, args.threads)))
         return
     started, load_before, cases = time.time(), os.getloadavg(), []
     for layers in (int(n) for n in args.layers.split(",")):
-        for variant in ("plain", "region"):
+        for variant in args.variants.split(","):
             with tempfile.TemporaryDirectory() as cache:
                 env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": cache, "OMP_NUM_THREADS": str(args.threads)}
                 out = subprocess.run([sys.executable, __file__, "--one", f"{layers}:{variant}", "--threads",

@@ -54,7 +54,7 @@ def view(slots, context=100, remaining=None, max_draft_len=K) -> BatchView:
 
 def prepared(cost: CostModel, slots: int = 16, probe=ProbeSettings()) -> CostBasedDraftLen:
     policy = CostBasedDraftLen(cost, probe=probe)
-    policy.prepare(type("G", (), {"slots": type("S", (), {"starts": [0] * slots}), "block": K + 1})())
+    policy.prepare(type("G", (), {"slots": type("S", (), {"usable": slots}), "block": K + 1})())
     return policy
 
 
@@ -373,7 +373,7 @@ def test_admission_is_plain_only_where_no_draft_length_beats_a_plain_step():
     steep = linear_cost(plain=1.0, per_draft=0.2, draft_overhead=0.5)
     for model, slots, want in ((cost, [0], True), (steep, list(range(16)), False)):
         policy = CostBasedDraftLen(model, acceptance=AcceptanceSettings(prior=0.5, prior_weight=1e9))
-        policy.prepare(type("G", (), {"slots": type("S", (), {"starts": [0] * 16}), "block": K + 1})())
+        policy.prepare(type("G", (), {"slots": type("S", (), {"usable": 16}), "block": K + 1})())
         for _ in range(PLAIN_ONLY_AFTER - 1):
             policy.choose(view(slots))
         assert policy.drafts_for(view(slots)) is True  # one plain-best step short of the streak
@@ -388,7 +388,7 @@ def test_admission_is_plain_only_where_no_draft_length_beats_a_plain_step():
 def test_choice_maximises_the_closed_form_rate(alpha, per_draft, overhead):
     cost = linear_cost(plain=1.0, per_draft=per_draft, draft_overhead=overhead)
     policy = CostBasedDraftLen(cost, acceptance=AcceptanceSettings(prior=alpha, prior_weight=1e9, optimism=0.0))
-    policy.prepare(type("G", (), {"slots": type("S", (), {"starts": [0] * 4}), "block": K + 1})())
+    policy.prepare(type("G", (), {"slots": type("S", (), {"usable": 4}), "block": K + 1})())
     rate = [geometric_tokens(alpha, k) / (1.0 + (overhead if k else 0) + per_draft * k) for k in range(K + 1)]
     assert policy.choose(view([0, 1, 2, 3])) == int(np.argmax(rate))
 

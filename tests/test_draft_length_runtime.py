@@ -99,7 +99,7 @@ class FakeGenerator:
     token, and the first step of every batch 100 ms (a warm-up the calibration must leave out)."""
 
     def __init__(self, slots=8, capacity=600, block=8):
-        self.slots = type("Slots", (), {"starts": [0] * slots, "running": {}})()
+        self.slots = type("Slots", (), {"usable": slots, "running": {}})()
         self.capacity, self.block, self.now, self.rows, self.context = capacity, block, 0.0, 0, 0
         self.device, self.target, self.first = torch.device("cpu"), type("T", (), {"tp": type("P", (), {"world": 1})})(), True
         self.calls, self.step_mode = [], StepMode()

@@ -18,9 +18,10 @@ from trtllm_dflash.pairs import held_out_texts, stdlib_pair
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
 from trtllm_dflash.sampling import SamplingParams
-from trtllm_dflash.step_mode import StepMode, StepShapes
+from trtllm_dflash.step_mode import GRAPH_SHAPES, StepMode, StepShapes
 
 SHAPES = StepShapes(min_span=16)  # small buckets, so short test contexts cross several
+SHAPES_2 = StepShapes(min_span=16, min_rows=2, min_width=2)  # cuda-graphs' minimum sizes: no compiled size is 1
 
 
 class Cycle(DraftLenPolicy):
@@ -87,32 +88,43 @@ def test_compiled_steps_equal_transformers_and_compile_nothing_after_the_load(co
 
 
 @pytest.mark.parametrize("mode", ["eager", "compile"])
-def test_padded_steps_equal_transformers(pair, compiled, prompts, oracle, mode):
+@pytest.mark.parametrize("shapes", [SHAPES, SHAPES_2], ids=["from-1", "from-2"])
+def test_padded_steps_equal_transformers(pair, compiled, prompts, oracle, mode, shapes):
     """The CUDA-graph step's padding on the CPU: rows rounded up to a power of two (free slots), the verify width
-    to a power of two (padding drafts past each row's k), the key span to a bucket; eager and compiled."""
+    to a power of two (padding drafts past each row's k), the key span to a bucket; eager and compiled. From 2
+    (cuda-graphs' default): a lone request steps as two rows and a plain step as two tokens per row, so no pass
+    has a size of 1 (one compiled graph per pass)."""
     gen = compiled.generator if mode == "compile" else load_pipeline(*pair).generator
-    gen.set_step_mode(StepMode(mode, SHAPES))
-    passes = []  # (rows, width, key span, running requests)
-    verify = gen.verify_pass
+    gen.set_step_mode(StepMode(mode, shapes))
+    passes, drafter_rows = [], []  # (rows, width, key span, running requests); the drafter's rows
+    verify, draft = gen.verify_pass, gen.proposer.draft_pass
     gen.verify_pass = lambda ids, ctx: passes.append((*ids.shape, ctx.kv_len, len(gen.slots.running))) or verify(ids, ctx)
+    gen.proposer.draft_pass = lambda x, ctx: drafter_rows.append(len(x)) or draft(x, ctx)
     try:
         results = serve(gen, prompts)
-        assert mode == "eager" or not (verify.failed or gen.proposer.draft_pass.failed)
+        served = len(passes)
+        lone = gen.generate([Request(tuple(prompts[2]), 20, ignore_eos=True)])[0]  # one slot
+        assert mode == "eager" or not (verify.failed or draft.failed)
     finally:
+        gen.verify_pass, gen.proposer.draft_pass = verify, draft
         gen.set_step_mode(StepMode(mode))
-    for prompt, result in zip(prompts, results):
+    for prompt, result in zip(prompts + [prompts[2]], results + [lone]):
         assert result.output_ids == hf_greedy(oracle, prompt, len(result.output_ids))
-    assert all(rows in (1, 2, 4) and rows >= n for rows, _, _, n in passes)
-    assert any(rows > n for rows, _, _, n in passes)  # three requests ran as four rows
-    assert {width for _, width, _, _ in passes} == {1, 2, 4, 8, 16}  # k = 2 and 3 as 4 tokens, 7 as 8, 15 as 16
-    assert all(span in (16, 32, 64, 128, 160) for _, _, span, _ in passes)  # 160: the capacity
+    smallest = shapes.min_rows
+    assert all(rows in (1, 2, 4) and rows >= max(n, smallest) for rows, _, _, n in passes)
+    assert any(rows > n for rows, _, _, n in passes)  # three requests ran as four rows (or one as two)
+    widths = {width for _, width, _, _ in passes}
+    assert widths == ({1, 2, 4, 8, 16} if smallest == 1 else {2, 4, 8, 16})  # k = 2, 3 as 4 tokens; 7 as 8 ...
+    assert all(span in (16, 32, 64, 128, 160) for _, _, span, _ in passes[:served])  # 160: the capacity
+    # a compiled drafter runs every row (an eager one gathers the drafting rows of a mixed step: fewer)
+    assert drafter_rows and (mode == "eager" or min(drafter_rows) == smallest)
 
 
 def test_padding_rows_change_no_sampled_token(pair, prompts):
     """Padding rows are free slots stepping junk: seeded sampled requests draw the same tokens (plain steps: no
     width padding, the rows' random streams are their own)."""
     outputs = []
-    for shapes in (None, SHAPES):
+    for shapes in (None, SHAPES, SHAPES_2):
         gen = load_pipeline(pair[0]).generator
         gen.set_step_mode(StepMode("eager", shapes))
         gen.allocate(4, 100, gen.block)
@@ -120,9 +132,10 @@ def test_padding_rows_change_no_sampled_token(pair, prompts):
                     for i, p in enumerate(prompts[:3])]
         sequences = gen.admit(requests)
         while gen.slots.running:
-            gen.step()  # three rows, and with SHAPES a fourth: the free slot
-        outputs.append([s.result.output_ids for s in sequences])
-    assert outputs[0] == outputs[1] and len(set(map(tuple, outputs[0]))) == 3
+            gen.step()  # three rows, and with SHAPES a fourth: the free slot; SHAPES_2 pads plain steps' width too
+        lone = gen.generate([Request(tuple(prompts[3]), 24, SamplingParams(0.9, top_k=20, seed=7), ignore_eos=True)])
+        outputs.append([s.result.output_ids for s in sequences] + [lone[0].output_ids])
+    assert outputs[0] == outputs[1] == outputs[2] and len(set(map(tuple, outputs[0]))) == 4
 
 
 def test_a_target_that_does_not_compile_runs_eager_with_one_warning(tmp_path, capfd):
@@ -140,7 +153,8 @@ def test_a_target_that_does_not_compile_runs_eager_with_one_warning(tmp_path, ca
 
 def test_step_modes_are_validated():
     assert StepMode.resolve(None, "cpu").mode == "eager" and StepMode.resolve("auto", "cpu").mode == "eager"
-    assert StepMode.resolve("compile", "cpu").shapes is None and StepMode("cuda-graphs").shapes == StepShapes()
+    assert StepMode.resolve("compile", "cpu").shapes is None and StepMode("cuda-graphs").shapes == GRAPH_SHAPES
+    assert GRAPH_SHAPES == StepShapes(min_span=256, min_rows=2, min_width=2)
     with pytest.raises(DFlashError, match="cuda-graphs needs a CUDA device, got 'cpu'"):
         StepMode.resolve("cuda-graphs", "cpu")
     with pytest.raises(DFlashError, match="step mode must be one of eager, compile, cuda-graphs .* got 'fast'"):
@@ -149,3 +163,5 @@ def test_step_modes_are_validated():
     assert [shapes.rows(n, 8) for n in (1, 2, 3, 5, 8)] == [1, 2, 4, 8, 8] and shapes.rows(5, 6) == 6
     assert [shapes.width(t, 16) for t in (1, 2, 3, 9, 16)] == [1, 2, 4, 16, 16]
     assert [shapes.span(n) for n in (10, 256, 257, 5000)] == [256, 256, 512, 8192]
+    assert [GRAPH_SHAPES.rows(n, 8) for n in (1, 2, 3)] == [2, 2, 4] and GRAPH_SHAPES.rows(1, 1) == 1
+    assert [GRAPH_SHAPES.width(t, 16) for t in (1, 2, 3)] == [2, 2, 4] and GRAPH_SHAPES.width(1, 1) == 1

@@ -50,10 +50,11 @@ class Slots:
     steps: torch.Tensor  # [S] long: steps the slot's sequence has run (its random stream's counter)
     sampling: SamplingBatch  # [S] each slot's sampling settings, written at admission; counters: `steps`
     drafting: torch.Tensor  # [S] bool: the slot's request keeps the drafter's context (Sequence.drafting, on device)
+    usable: int  # slots requests may hold, <= S: the rest are padding rows only (see `Generator.allocate`)
     running: dict[int, Sequence] = field(default_factory=dict)
 
     def free(self) -> list[int]:
-        return [s for s in range(len(self.starts)) if s not in self.running]
+        return [s for s in range(self.usable) if s not in self.running]
 
 
 class Generator:
@@ -98,16 +99,20 @@ class Generator:
         never inference tensors, whether or not the caller is in inference mode (`generate` is): steps update them
         in place either way, and a compiled pass would take the two kinds for different inputs (a recompilation).
         Compiled steps keep caches of at least 2 slots (the second one unused when num_slots is 1): a size of 1 is
-        specialised, so one slot would need graphs of its own."""
+        specialised, so one slot would need graphs of its own; padded steps whose buckets start at 2 rows
+        (`StepShapes.min_rows`) keep per-slot state for that spare slot too, which only padding rows use."""
+        shapes = self.step_mode.shapes
         cache_slots = max(num_slots, 2) if self.step_mode.compiled else num_slots
+        rows = max(num_slots, shapes.min_rows if shapes is not None else 1)
+        cache_slots = max(cache_slots, rows)
         self.cache = self.target.new_cache(cache_slots, capacity, block)
         self.proposer.allocate(cache_slots, capacity)
         self.step_mode.caches(self.cache.tensors() + self.proposer.tensors())
-        zeros = torch.zeros(num_slots, dtype=torch.long, device=self.device)
+        zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
         steps = zeros.clone()
-        table = SamplingBatch.of([SamplingParams()] * num_slots, [0] * num_slots, steps)
-        drafting = torch.zeros(num_slots, dtype=torch.bool, device=self.device)
-        self.slots = Slots(zeros, zeros.clone(), steps, table, drafting)
+        table = SamplingBatch.of([SamplingParams()] * rows, [0] * rows, steps)
+        drafting = torch.zeros(rows, dtype=torch.bool, device=self.device)
+        self.slots = Slots(zeros, zeros.clone(), steps, table, drafting, num_slots)
         self.block, self.capacity = block, capacity
         self.policy.prepare(self)
 
@@ -284,6 +289,9 @@ class Generator:
                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.verify_pass(tokens, ctx)
         slots = ctx.slots
+        if k == 0 and width > 1:  # a plain step padded to a block of 2 (`StepShapes.min_width`): its token alone
+            hidden, positions, drafts, lengths = hidden[:, :1], positions[:, :1], drafts[:, :0], None
+            features = None if features is None else features[:, :1]
         if rows > n:  # padding rows (free slots) end here
             slots, starts, positions, hidden, drafts = slots[:n], starts[:n], positions[:n], hidden[:n], drafts[:n]
             features = None if features is None else features[:n]
@@ -320,7 +328,7 @@ class Generator:
         shapes = self.step_mode.shapes
         if shapes is None:
             return n, k + 1
-        return shapes.rows(n, len(self.slots.starts)), shapes.width(k + 1, self.block)
+        return shapes.rows(n, len(self.slots.starts)), shapes.width(k + 1, self.block)  # starts: usable + spare
 
     def own_draft_lengths(self, rows: int, k: int, width: int, mixed: bool) -> torch.Tensor | None:
         """[rows] long, each row's own draft length where it differs from the pass's width - 1 (None: it does not):
@@ -336,8 +344,8 @@ class Generator:
         """-> drafts [rows, drafts] (k of them each row's own, the rest padding) and their probabilities or None.
         An eager mixed step runs the drafter over its drafting rows only (gathered); a compiled one over every
         row (one shape), whose plain-only rows draft from stale context what `accept` never takes."""
-        if k == 0:  # a plain step: the drafter does not run
-            return batch.anchors.new_zeros((len(batch.anchors), 0)), None
+        if k == 0:  # a plain step: the drafter does not run (drafts > 0: padding tokens, dropped after the pass)
+            return batch.anchors.new_zeros((len(batch.anchors), drafts)), None
         if mixed and not self.step_mode.compiled:
             return self.propose(batch, running, keeping, drafts)
         return self.proposer.propose(batch, drafts)

@@ -10,7 +10,8 @@
 - cuda-graphs (the default on CUDA): `compile` in inductor's "reduce-overhead" mode, which records one
   CUDA graph per input shape and replays it: one launch per pass instead of hundreds. The running
   batch, the verify width and the key span are padded to buckets (`StepShapes`), which bounds the
-  number of graphs (each recorded on its first use); caches are static
+  number of graphs (each recorded on its first use); rows and width start at 2 (`GRAPH_SHAPES`), so one
+  target graph and one drafter graph are compiled instead of four and two; caches are static
   addresses (every replay writes them in place); tensors kept past a step are copied out of the graphs'
   memory, which the next replay reuses.
 Every mode computes the same function; greedy output stays equal to the target's (tests compare the
@@ -38,22 +39,36 @@ def pow2_ceil(n: int) -> int:
 
 @dataclass(frozen=True)
 class StepShapes:
-    """The buckets a CUDA-graph step pads to (each a power of two): rows up to the generator's slots (padding
-    rows are free slots, whose results are dropped), the verify width (anchor + drafts) up to the block
-    (padding drafts are past each row's draft length, never accepted), the key span from `min_span` up (keys
-    past a row's query positions are never visible). Graphs: about log2(slots) x log2(block) x
-    log2(capacity / min_span)."""
+    """The buckets a CUDA-graph step pads to (each a power of two): rows from `min_rows` up to the generator's
+    slots (padding rows are free slots, whose results are dropped), the verify width (anchor + drafts) from
+    `min_width` up to the block (padding drafts are past each row's draft length, never accepted; a plain
+    step's padding token is dropped after the pass), the key span from `min_span` up (keys past a row's query
+    positions are never visible). Graphs: about log2(slots) x log2(block) x log2(capacity / min_span).
+
+    min_rows = min_width = 2 (`GRAPH_SHAPES`) keeps every size of a compiled pass above 1, which torch.compile
+    specialises: one target graph and one drafter graph to compile instead of four and two (one row or
+    several, one token or a block). The compile work is the same on a CPU: the warm-up of gpu_decode's random
+    build at hidden 256, 8 target layers, took 33-34 s instead of 73-77 s there, exact (`python
+    benchmarks/compile_regions.py --layers 8 --variants plain,graph-shapes,plain,graph-shapes --output
+    benchmarks/results/compile_graph_shapes.json`). The price: a lone request steps as two rows and a plain
+    step as two tokens per row, which a memory-bound GPU step should barely feel (the weights are read once
+    either way; not yet measured on a GPU)."""
 
     min_span: int = 256  # keys
+    min_rows: int = 1
+    min_width: int = 1
 
     def rows(self, running: int, slots: int) -> int:
-        return min(pow2_ceil(running), slots)
+        return min(max(pow2_ceil(running), self.min_rows), slots)
 
     def width(self, tokens: int, block: int) -> int:
-        return min(pow2_ceil(tokens), block)
+        return min(max(pow2_ceil(tokens), self.min_width), block)
 
     def span(self, keys: int) -> int:
         return max(pow2_ceil(keys), self.min_span)
+
+
+GRAPH_SHAPES = StepShapes(min_rows=2, min_width=2)  # cuda-graphs' buckets
 
 
 @dataclass(frozen=True)
@@ -67,7 +82,7 @@ class StepMode:
         if self.mode not in MODES:
             raise DFlashError(f"step mode must be one of {', '.join(MODES)} (or {AUTO}), got {self.mode!r}")
         if self.mode == "cuda-graphs" and self.shapes is None:
-            object.__setattr__(self, "shapes", StepShapes())
+            object.__setattr__(self, "shapes", GRAPH_SHAPES)
 
     @classmethod
     def resolve(cls, mode: str | None, device: torch.device | str) -> StepMode:

@@ -69,7 +69,7 @@ def measure(generator, plan: CalibrationPlan, clock=time.perf_counter) -> CostMo
     """Time generator steps over the plan's grid; the generator must be allocated and idle."""
     if generator.slots is None or generator.slots.running:
         raise DFlashError("calibration needs an allocated, idle generator (no running requests)")
-    slots, longest = len(generator.slots.starts), generator.capacity - generator.block - 1
+    slots, longest = generator.slots.usable, generator.capacity - generator.block - 1
     if plan.batch_sizes[-1] > slots or plan.contexts[-1] > longest or plan.draft_lens[-1] > generator.block - 1:
         raise DFlashError(f"calibration plan {plan} exceeds the allocation ({slots} slots, contexts up to {longest}, "
                           f"draft length up to {generator.block - 1})")
@@ -146,7 +146,7 @@ def calibrator(cache: CalibrationCache | None = None, repeats: int = 3, log=None
     (then cached). `log` gets one line saying which."""
     def obtain(generator) -> CostModel:
         key = calibration_key(generator)
-        slots, max_draft_len = len(generator.slots.starts), generator.block - 1
+        slots, max_draft_len = generator.slots.usable, generator.block - 1
         cached = cache.load(key) if cache else None
         if cached is not None and cached.covers(slots, max_draft_len):
             if log:

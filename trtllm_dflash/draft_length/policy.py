@@ -168,7 +168,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.newcomers: NewcomerBackoff | None = None  # which newcomers probe, per prompt-length bucket
 
     def prepare(self, generator) -> None:
-        slots, max_draft_len = len(generator.slots.starts), generator.block - 1
+        slots, max_draft_len = generator.slots.usable, generator.block - 1
         self.acceptance = None  # calibration steps run junk requests: nothing to learn from them
         if self.cost is None or not self.cost.covers(slots, max_draft_len):
             if self.calibrator is None:
