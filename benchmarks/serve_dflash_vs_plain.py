@@ -1,7 +1,7 @@
 """Served output tokens/s, DFlash / plain decoding, with the real tritonserver, on the built-in pair.
 
     python benchmarks/serve_dflash_vs_plain.py [--repeats 3] [--threads 2] [--draft-len auto] [--requests-per-slot 6]
-                                               [--quick]
+                                               [--warmup 0] [--quick] [--output FILE]
 
 A float32 torch engine of the built-in pair (trtllm_dflash/pairs/stdlib: 6-layer target, 2-layer
 drafter, block 16) served twice by the real tritonserver on loopback: `--decoding plain` and DFlash with
@@ -20,8 +20,12 @@ a tail where few requests run. The shorter the point, the more that tail weighs:
 point, not of serving. The ratio DFlash / plain is taken per repeat and reported as median, min and max
 over repeats. The engine's step cost is calibrated once before the servers start, at the same thread count
 (OMP_NUM_THREADS for the servers), so both servers start alike. Mean draft length and the share of plain
-steps come from the server's counters.
-Writes benchmarks/results/serve_dflash_vs_plain.json and prints a table last.
+steps come from the server's counters. --warmup N: before any timed point, each server serves N untimed
+requests of each context, one at a time (the last N prompts of each set, 128 new tokens), as load generators'
+warm-up requests do: the timed points then measure a server that has met both prompt lengths (the DFlash
+server's acceptance statistics and newcomer back-off have data; a fresh server's first requests of a new
+prompt length probe the drafter), not its first requests. 0 (the default) times a fresh server's first ones.
+Writes benchmarks/results/serve_dflash_vs_plain.json (or --output) and prints a table last.
 """
 
 from __future__ import annotations
@@ -164,6 +168,10 @@ def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
         for proc, ends in servers.values():  # warm-up
             post(f"{ends.http_url}/v2/models/m/generate",
                  {"text_input": prompts["short"][0], "sampling_param_max_tokens": 8})
+            for context in prompts:  # --warmup: N requests of each context, untimed
+                for text in prompts[context][len(prompts[context]) - args.warmup:] if args.warmup else []:
+                    post(f"{ends.http_url}/v2/models/m/generate",
+                         {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS, "sampling_param_ignore_eos": True})
         rows, points = [], [(context, c) for context in prompts for c in args.concurrency]
         for i, (context, c) in enumerate(points):
             order = names if i % 2 == 0 else names[::-1]
@@ -207,6 +215,7 @@ def main() -> None:
     p.add_argument("--draft-len", default="auto", help="the DFlash server's --draft-len")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--requests-per-slot", type=int, default=6, help="requests per point = this x concurrency (>= 4)")
+    p.add_argument("--warmup", type=int, default=0, help="untimed requests of each context per server before timing")
     p.add_argument("--quick", action="store_true", help="16 prompts per context (a smoke run)")
     p.add_argument("--output", default=str(OUT))
     args = p.parse_args()
