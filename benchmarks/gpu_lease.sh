@@ -11,7 +11,8 @@
 #   benchmarks/results/gpu_h200/RUN.md), with a deadline that leaves the last part 100 s, killed (SIGTERM, which
 #   gpu_session.py turns into a record of where its time went) at SECONDS.
 # The package is imported from a copy of trtllm_dflash/ with plugins/ inside it, as an install lays it out
-# (PYTHONPATH=. alone lacks trtllm_dflash.plugins), so nothing needs installing and the checkout is untouched.
+# (PYTHONPATH=. alone lacks trtllm_dflash.plugins), so nothing needs installing and the checkout is untouched;
+# pytest runs as `python3 -P -m pytest`, since -m would put the checkout's own trtllm_dflash/ first.
 set -u
 seconds=${1:-540}
 out=${2:-${OUT:-benchmarks/results/gpu}}
@@ -22,9 +23,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 left() { echo $((seconds - ($(date +%s) - start))); }
 nvidia-smi -L
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+python3 -P -c "import torch, transformers, trtllm_dflash.plugins.context_kv as kv
+print('torch', torch.__version__, 'transformers', transformers.__version__, 'trtllm_dflash from', kv.__file__)" || exit 1
 if [ "${TESTS:-0}" = 1 ]; then
-    timeout $(($(left) / 2)) python3 -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/test_cuda_steps.py \
+    timeout $(($(left) / 2)) python3 -P -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/test_cuda_steps.py \
         >"$out/tests_cuda_steps.log" 2>&1
     echo "tests/test_cuda_steps.py: exit $? after $(($(date +%s) - start)) s"
     tail -3 "$out/tests_cuda_steps.log"
