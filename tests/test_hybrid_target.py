@@ -23,6 +23,7 @@ from trtllm_dflash.models.attention import ForwardContext
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
 from trtllm_dflash.speculative.base import Proposer
+from trtllm_dflash.step_mode import StepMode, StepShapes
 
 ATOL = 2e-5
 PROMPTS = [list(range(3, 15)), [7, 50, 2, 9, 33], list(range(60, 90))]
@@ -165,8 +166,9 @@ class ScriptedProposer(Proposer):
 
     def propose(self, batch, num_drafts):
         drafts, block_size = [], num_drafts + 1
-        for slot, start in enumerate(batch.starts.tolist()):  # row b is slot b
-            truth = self.sequences[slot][start + 1 : start + block_size] + [0] * block_size
+        for slot, start in enumerate(batch.starts.tolist()):  # row b is slot b (padding rows: free slots)
+            known = self.sequences[slot] if slot < len(self.sequences) else []
+            truth = known[start + 1 : start + block_size] + [0] * block_size
             right = (self.calls + 2 * slot) % block_size  # 0..block_size-1 correct drafts
             drafts.append([t if k < right else (t + 1) % VOCAB for k, t in enumerate(truth[: block_size - 1])])
         self.calls += 1
@@ -210,6 +212,25 @@ def test_draft_length_chosen_per_step_stays_exact(hybrid):
     assert [r.output_ids for r in results] == expected
     assert set(results[0].draft_lengths) == {0, 1, 2, 3, 4, 5}
     assert any(a > 1 for a in results[0].acceptance_lengths)  # drafts were accepted, not only rejected
+
+
+@text_only
+def test_cuda_graph_buckets_stay_exact(hybrid):
+    """cuda-graphs' padding (`step_mode.GRAPH_SHAPES`: rows and width from 2), run eagerly: a plain step verifies
+    its anchor and a padding token, which the recurrent state must not keep; three requests step as four rows
+    and a lone one as two."""
+    _, path, expected = hybrid
+    gen = Generator(load_target(path).model, ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)]))
+    gen.set_step_mode(StepMode("eager", StepShapes(min_span=16, min_rows=2, min_width=2)))
+    widths = []
+    verify = gen.verify_pass
+    gen.verify_pass = lambda ids, ctx: widths.append(ids.shape) or verify(ids, ctx)
+    gen.policy = CyclingDraftLen([0, 5, 2, 0, 1, 4, 3])
+    results = gen.generate([Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == expected
+    lone = gen.generate([Request(tuple(PROMPTS[0]), NEW, ignore_eos=True)])[0]
+    assert lone.output_ids == expected[0] and 0 in lone.draft_lengths
+    assert {w for _, w in widths} == {2, 4, 6} and min(rows for rows, _ in widths) == 2
 
 
 def tp_engines_give(path, expected, tmp_path) -> None:
