@@ -48,15 +48,59 @@ def compile_times() -> str:
         return f"(no compile times: {type(exc).__name__}: {exc})"
 
 
-def schedule(generator, args, context: int, compile_s: float, decode: dict, out: Path) -> None:
-    """gpu_schedule.py's calibration and schedule for the generator's step mode (already warmed up)."""
-    t0 = time.perf_counter()
-    measured = gpu_schedule.calibrated_schedule(generator, args.max_batch, context, args.tau, args.calibration_repeats)
-    record = {"command": "python " + " ".join(sys.argv), "date_utc": decode["date_utc"], "torch": torch.__version__,
-              "shapes": decode["shapes"], "dtype": decode["dtype"], "compile_s": compile_s, **measured,
-              "wall_s": time.perf_counter() - t0}
-    gpu_schedule.write(out, record)
-    gpu_schedule.report(record, out)
+class Session:
+    """One process's measurements: the pair built once, then each step mode's parts, each recorded as it ends."""
+
+    def __init__(self, args):
+        self.args, self.out = args, Path(args.out)
+        self.out.mkdir(parents=True, exist_ok=True)
+        shape, dtype = (gpu_decode.TINY, torch.float32) if args.tiny else (gpu_decode.QWEN3_8B, torch.bfloat16)
+        self.context = min(args.context, 64) if args.tiny else args.context
+        self.batches = [int(b) for b in args.batches.split(",")]
+        self.started = time.perf_counter()
+        self.decode = gpu_decode.header(args.device, args.tiny, dtype)  # gpu_decode.json's record
+        self.generator, target = gpu_decode.build(shape, 2 if args.tiny else 5, args.device, dtype)
+        self.decode.update(gpu_decode.roofline_fields(target, args.device, args.tiny))
+
+    def due(self) -> bool:
+        return time.perf_counter() - self.started < self.args.deadline_s
+
+    def run(self, mode: str) -> None:
+        """The mode's warm-up and schedule first (a lease that runs out mid-mode keeps it: issue 16's GPU goal),
+        then its decode rows; a failing part is recorded and ends the mode."""
+        try:
+            progress(self.started, f"{mode}: warm-up")
+            compile_s = gpu_decode.set_mode(self.generator, mode, self.args.device)
+            progress(self.started, f"{mode}: warm-up took {compile_s:.0f} s; calibration and schedule")
+            self.schedule(compile_s, self.out / f"gpu_schedule_{mode}.json")
+            if not self.due():
+                return
+            progress(self.started, f"{mode}: decode rows")
+            rows = gpu_decode.rows_for(self.generator, self.args.device, self.batches, self.context,
+                                       self.args.repeats, self.decode["roofline_step_s"])
+            self.decode["modes"][mode] = {"compile_s": compile_s, "rows": rows}  # compiled once, before the schedule
+        except Exception as exc:
+            traceback.print_exc()
+            self.decode["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            self.save()
+
+    def schedule(self, compile_s: float, out: Path) -> None:
+        """gpu_schedule.py's calibration and schedule for the generator's step mode (already warmed up)."""
+        t0, args = time.perf_counter(), self.args
+        measured = gpu_schedule.calibrated_schedule(self.generator, args.max_batch, self.context, args.tau,
+                                                    args.calibration_repeats)
+        record = {"command": "python " + " ".join(sys.argv), "date_utc": self.decode["date_utc"],
+                  "torch": torch.__version__, "shapes": self.decode["shapes"], "dtype": self.decode["dtype"],
+                  "compile_s": compile_s, **measured, "wall_s": time.perf_counter() - t0}
+        gpu_schedule.write(out, record)
+        gpu_schedule.report(record, out)
+
+    def save(self) -> None:
+        self.decode["wall_s"] = time.perf_counter() - self.started
+        if self.args.device.startswith("cuda"):
+            self.decode["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
+        (self.out / "gpu_decode.json").write_text(json.dumps(self.decode, indent=2) + "\n")
 
 
 def main() -> None:
@@ -75,53 +119,19 @@ def main() -> None:
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("gpu_session.py: no CUDA device here (use --tiny --device cpu --step-modes eager)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    shape, dtype = (gpu_decode.TINY, torch.float32) if args.tiny else (gpu_decode.QWEN3_8B, torch.bfloat16)
-    context = min(args.context, 64) if args.tiny else args.context
-    started = time.perf_counter()
-    decode = gpu_decode.header(args.device, args.tiny, dtype)
-    generator, target = gpu_decode.build(shape, 2 if args.tiny else 5, args.device, dtype)
-    decode.update(gpu_decode.roofline_fields(target, args.device, args.tiny))
-    batches = [int(b) for b in args.batches.split(",")]
-
-    def due() -> bool:
-        return time.perf_counter() - started < args.deadline_s
-
+    session = Session(args)
     signal.signal(signal.SIGTERM, stopped)
     try:
         for mode in args.step_modes.split(","):
-            if not due():
+            if not session.due():
                 print(f"gpu_session.py: deadline passed, {mode} not run", file=sys.stderr)
                 break
-            try:  # the schedule first: a lease that runs out mid-mode keeps it (issue 16's GPU goal)
-                progress(started, f"{mode}: warm-up")
-                compile_s = gpu_decode.set_mode(generator, mode, args.device)
-                progress(started, f"{mode}: warm-up took {compile_s:.0f} s; calibration and schedule")
-                schedule(generator, args, context, compile_s, decode, out / f"gpu_schedule_{mode}.json")
-            except Exception as exc:
-                traceback.print_exc()
-                decode["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
-                continue
-            if not due():
-                break
-            try:
-                progress(started, f"{mode}: decode rows")
-                rows = gpu_decode.rows_for(generator, args.device, batches, context, args.repeats,
-                                           decode["roofline_step_s"])
-                decode["modes"][mode] = {"compile_s": compile_s, "rows": rows}  # compiled once, before the schedule
-            except Exception as exc:
-                traceback.print_exc()
-                decode["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
-            decode["wall_s"] = time.perf_counter() - started
-            if args.device.startswith("cuda"):
-                decode["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
-            (out / "gpu_decode.json").write_text(json.dumps(decode, indent=2) + "\n")
+            session.run(mode)
     finally:
         if args.step_modes != "eager":
-            progress(started, "compile times so far:\n" + compile_times())
-    gpu_decode.report({"modes": {m: r for m, r in decode["modes"].items() if "rows" in r}})
-    print(f"gpu_session.py: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+            progress(session.started, "compile times so far:\n" + compile_times())
+    gpu_decode.report({"modes": {m: r for m, r in session.decode["modes"].items() if "rows" in r}})
+    print(f"gpu_session.py: {time.perf_counter() - session.started:.0f} s", file=sys.stderr)
 
 
 if __name__ == "__main__":
