@@ -84,7 +84,8 @@ def one(layers: int, variant: str, threads: int) -> dict:
         seconds = set_mode(generator, "compile", "cpu")
     compiled = generator.generate([request])[0].output_ids
     stats = dynamo_utils.counters["stats"]
-    return {"layers": layers, "variant": variant, "region": variant == "region", "warm_up_s": seconds, "same_as_eager": compiled == eager,
+    return {"layers": layers, "variant": variant, "region": variant == "region", "warm_up_s": seconds,
+            "same_as_eager": compiled == eager,
             "calls_captured": stats["calls_captured"], "unique_graphs": stats["unique_graphs"]}
 
 

@@ -113,7 +113,8 @@ def main() -> None:
     args.output.write_text(json.dumps(record, indent=1) + "\n")
     for name, v in record["floor"].items():
         print(f"floor {name:24} prefill {v['prefill_s']['median'] * 1e3:6.0f} ms  128 steps "
-              f"{v['decode_s']['median'] * 1e3:6.0f} ms ({v['decode_s']['min'] * 1e3:.0f}-{v['decode_s']['max'] * 1e3:.0f})")
+              f"{v['decode_s']['median'] * 1e3:6.0f} ms "
+              f"({v['decode_s']['min'] * 1e3:.0f}-{v['decode_s']['max'] * 1e3:.0f})")
     for name, v in record["warm"].items():
         ratio = v.get("ratio_to_plain")
         print(f"snippets c=4 {name:36} {v['tok_s']['median']:7.0f} tok/s"

@@ -170,8 +170,9 @@ def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
                  {"text_input": prompts["short"][0], "sampling_param_max_tokens": 8})
             for context in prompts:  # --warmup: N requests of each context, untimed
                 for text in prompts[context][len(prompts[context]) - args.warmup:] if args.warmup else []:
-                    post(f"{ends.http_url}/v2/models/m/generate",
-                         {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS, "sampling_param_ignore_eos": True})
+                    body = {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS,
+                            "sampling_param_ignore_eos": True}
+                    post(f"{ends.http_url}/v2/models/m/generate", body)
         rows, points = [], [(context, c) for context in prompts for c in args.concurrency]
         for i, (context, c) in enumerate(points):
             order = names if i % 2 == 0 else names[::-1]

@@ -98,7 +98,8 @@ def test_padded_steps_equal_transformers(pair, compiled, prompts, oracle, mode, 
     gen.set_step_mode(StepMode(mode, shapes))
     passes, drafter_rows = [], []  # (rows, width, key span, running requests); the drafter's rows
     verify, draft = gen.verify_pass, gen.proposer.draft_pass
-    gen.verify_pass = lambda ids, ctx: passes.append((*ids.shape, ctx.kv_len, len(gen.slots.running))) or verify(ids, ctx)
+    gen.verify_pass = lambda ids, ctx: (passes.append((*ids.shape, ctx.kv_len, len(gen.slots.running)))
+                                        or verify(ids, ctx))
     gen.proposer.draft_pass = lambda x, ctx: drafter_rows.append(len(x)) or draft(x, ctx)
     try:
         results = serve(gen, prompts)
