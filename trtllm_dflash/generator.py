@@ -102,9 +102,8 @@ class Generator:
         specialised, so one slot would need graphs of its own; padded steps whose buckets start at 2 rows
         (`StepShapes.min_rows`) keep per-slot state for that spare slot too, which only padding rows use."""
         shapes = self.step_mode.shapes
-        cache_slots = max(num_slots, 2) if self.step_mode.compiled else num_slots
-        rows = max(num_slots, shapes.min_rows if shapes is not None else 1)
-        cache_slots = max(cache_slots, rows)
+        rows = max(num_slots, shapes.min_rows if shapes is not None else 1)  # per-slot state: usable + spare
+        cache_slots = max(rows, 2) if self.step_mode.compiled else rows
         self.cache = self.target.new_cache(cache_slots, capacity, block)
         self.proposer.allocate(cache_slots, capacity)
         self.step_mode.caches(self.cache.tensors() + self.proposer.tensors())
@@ -290,7 +289,7 @@ class Generator:
         hidden, features = self.verify_pass(tokens, ctx)
         slots = ctx.slots
         if k == 0 and width > 1:  # a plain step padded to a block of 2 (`StepShapes.min_width`): its token alone
-            hidden, positions, drafts, lengths = hidden[:, :1], positions[:, :1], drafts[:, :0], None
+            hidden, positions, drafts = hidden[:, :1], positions[:, :1], drafts[:, :0]
             features = None if features is None else features[:, :1]
         if rows > n:  # padding rows (free slots) end here
             slots, starts, positions, hidden, drafts = slots[:n], starts[:n], positions[:n], hidden[:n], drafts[:n]
@@ -335,7 +334,7 @@ class Generator:
         plain-only rows draft 0 beside drafting ones, and padding drafts lie past k."""
         if mixed:
             return self.slots.drafting[:rows].long() * k
-        if width - 1 > k:
+        if 0 < k < width - 1:  # (a plain step's padding token is dropped before `accept`: no lengths needed)
             return torch.full((rows,), k, dtype=torch.long, device=self.device)
         return None
 
