@@ -79,6 +79,19 @@ def build(shape: dict, drafter_layers: int, device: str, dtype):
     return Generator(target, DFlashProposer(drafter, target)), target
 
 
+def build_pair(tiny: bool, device: str):
+    """-> (generator, target, dtype): Qwen3-8B shapes in bf16 with a 5-layer drafter, or --tiny's smoke shapes in
+    float32 with a 2-layer one."""
+    shape, dtype = (TINY, torch.float32) if tiny else (QWEN3_8B, torch.bfloat16)
+    generator, target = build(shape, 2 if tiny else 5, device, dtype)
+    return generator, target, dtype
+
+
+def bench_context(tiny: bool, context: int) -> int:
+    """The committed context, capped for --tiny's smoke run."""
+    return min(context, 64) if tiny else context
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -210,11 +223,10 @@ def main() -> None:
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("gpu_decode.py: no CUDA device here (use --tiny --device cpu for a smoke run)")
-    shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN3_8B, torch.bfloat16)
-    context = min(args.context, 64) if args.tiny else args.context
+    context = bench_context(args.tiny, args.context)
     started = time.perf_counter()
+    generator, target, dtype = build_pair(args.tiny, args.device)
     record = header(args.device, args.tiny, dtype)
-    generator, target = build(shape, 2 if args.tiny else 5, args.device, dtype)
     record.update(roofline_fields(target, args.device, args.tiny))
     for mode in args.step_modes.split(","):
         batches = [int(b) for b in args.batches.split(",")]

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from gpu_decode import BLOCK, QWEN3_8B, TINY, build, set_mode
+from gpu_decode import BLOCK, bench_context, build_pair, set_mode
 
 OUT = Path(__file__).parent / "results" / "gpu_schedule.json"
 
@@ -77,6 +77,13 @@ def calibrated_schedule(generator, max_batch: int, context: int, tau: float, rep
             "schedule": {str(r["batch"]): min(r["best"], first) for r in rows}}
 
 
+def record_of(measured: dict, tiny: bool, dtype, compile_s: float, wall_s: float) -> dict:
+    """The JSON record: how it was run, and `calibrated_schedule`'s measured part."""
+    return {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "torch": torch.__version__, "shapes": "tiny" if tiny else "Qwen3-8B",
+            "dtype": str(dtype).removeprefix("torch."), "compile_s": compile_s, **measured, "wall_s": wall_s}
+
+
 def write(out: Path, record: dict) -> None:
     """The JSON record, and the schedule as TensorRT-LLM's YAML beside it."""
     from trtllm_dflash.draft_len_schedule import DraftLenSchedule, write_schedule
@@ -112,16 +119,12 @@ def main() -> None:
         raise SystemExit("gpu_schedule.py: no CUDA device here (use --tiny --device cpu --step-mode eager)")
     if not 1 <= args.tau <= BLOCK:
         raise SystemExit(f"gpu_schedule.py: --tau must be in [1, {BLOCK}], got {args.tau}")
-    shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN3_8B, torch.bfloat16)
-    context = min(args.context, 64) if args.tiny else args.context
     started = time.perf_counter()
-    generator, _ = build(shape, 2 if args.tiny else 5, args.device, dtype)
+    generator, _, dtype = build_pair(args.tiny, args.device)
     compile_s = set_mode(generator, args.step_mode, args.device)
-    measured = calibrated_schedule(generator, args.max_batch, context, args.tau, args.repeats)
-    record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-              "torch": torch.__version__, "shapes": "tiny" if args.tiny else "Qwen3-8B",
-              "dtype": str(dtype).removeprefix("torch."), "compile_s": compile_s, **measured,
-              "wall_s": time.perf_counter() - started}
+    measured = calibrated_schedule(generator, args.max_batch, bench_context(args.tiny, args.context), args.tau,
+                                   args.repeats)
+    record = record_of(measured, args.tiny, dtype, compile_s, time.perf_counter() - started)
     write(Path(args.output), record)
     report(record, Path(args.output))
 

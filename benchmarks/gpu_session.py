@@ -54,12 +54,11 @@ class Session:
     def __init__(self, args):
         self.args, self.out = args, Path(args.out)
         self.out.mkdir(parents=True, exist_ok=True)
-        shape, dtype = (gpu_decode.TINY, torch.float32) if args.tiny else (gpu_decode.QWEN3_8B, torch.bfloat16)
-        self.context = min(args.context, 64) if args.tiny else args.context
+        self.context = gpu_decode.bench_context(args.tiny, args.context)
         self.batches = [int(b) for b in args.batches.split(",")]
         self.started = time.perf_counter()
-        self.decode = gpu_decode.header(args.device, args.tiny, dtype)  # gpu_decode.json's record
-        self.generator, target = gpu_decode.build(shape, 2 if args.tiny else 5, args.device, dtype)
+        self.generator, target, self.dtype = gpu_decode.build_pair(args.tiny, args.device)
+        self.decode = gpu_decode.header(args.device, args.tiny, self.dtype)  # gpu_decode.json's record
         self.decode.update(gpu_decode.roofline_fields(target, args.device, args.tiny))
 
     def due(self) -> bool:
@@ -90,9 +89,7 @@ class Session:
         t0, args = time.perf_counter(), self.args
         measured = gpu_schedule.calibrated_schedule(self.generator, args.max_batch, self.context, args.tau,
                                                     args.calibration_repeats)
-        record = {"command": "python " + " ".join(sys.argv), "date_utc": self.decode["date_utc"],
-                  "torch": torch.__version__, "shapes": self.decode["shapes"], "dtype": self.decode["dtype"],
-                  "compile_s": compile_s, **measured, "wall_s": time.perf_counter() - t0}
+        record = gpu_schedule.record_of(measured, args.tiny, self.dtype, compile_s, time.perf_counter() - t0)
         gpu_schedule.write(out, record)
         gpu_schedule.report(record, out)
 
