@@ -54,8 +54,35 @@ def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]]) 
     """Every point in order on freshly allocated caches and a fresh policy, like one server's run."""
     if policy is not None:
         generator.policy = policy
-    generator.allocate(max(c for _, c in points), 1024 + NEW_TOKENS + 2 * generator.block + 1, generator.block)
+    generator.allocate(max(c for _, c in points), capacity(generator), generator.block)
     return {f"{context}:{c}": closed_loop(generator, prompts[context], c) for context, c in points}
+
+
+def offline_pairs(threads: int, slots: int):
+    """-> (DFlash pipeline, plain pipeline, the served benchmark's prompts as token ids per context, a cost policy
+    calibrated on the DFlash generator, which it is set on, allocated for `slots` requests up to 1024 tokens)."""
+    import torch
+
+    from trtllm_dflash.draft_length.calibrate import calibrator
+    from trtllm_dflash.draft_length.policy import CostBasedDraftLen
+    from trtllm_dflash.pairs import stdlib_pair
+    from trtllm_dflash.pipeline import load_pipeline
+
+    torch.set_num_threads(threads)
+    target, drafter = stdlib_pair()
+    spec, plain = load_pipeline(target, drafter), load_pipeline(target)
+    tokenizer = spec.tokenizer
+    prompts = {name: [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+               for name, texts in prompt_sets(tokenizer, quick=False).items()}
+    calibrated = CostBasedDraftLen(calibrator=calibrator(None))
+    spec.generator.policy = calibrated
+    spec.generator.allocate(slots, capacity(spec.generator), spec.generator.block)
+    return spec, plain, prompts, calibrated
+
+
+def capacity(generator) -> int:
+    """Positions per slot for the served workload: a 1024-token window, its new tokens and a block's margin."""
+    return 1024 + NEW_TOKENS + 2 * generator.block + 1
 
 
 def main() -> None:
@@ -67,23 +94,9 @@ def main() -> None:
     args = p.parse_args()
     points = [(spec.split(":")[0], int(spec.split(":")[1])) for spec in args.points.split(",")]
     load_before, started = os.getloadavg(), time.time()
-    import torch
-
-    from trtllm_dflash.draft_length.calibrate import calibrator
     from trtllm_dflash.draft_length.policy import CostBasedDraftLen, ProbeSettings
-    from trtllm_dflash.pairs import stdlib_pair
-    from trtllm_dflash.pipeline import load_pipeline
 
-    torch.set_num_threads(args.threads)
-    target, drafter = stdlib_pair()
-    spec, plain = load_pipeline(target, drafter), load_pipeline(target)
-    tokenizer = spec.tokenizer
-    prompts = {name: [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
-               for name, texts in prompt_sets(tokenizer, quick=False).items()}
-    calibrated = CostBasedDraftLen(calibrator=calibrator(None))
-    spec.generator.policy = calibrated
-    spec.generator.allocate(max(c for _, c in points), 1024 + NEW_TOKENS + 2 * spec.generator.block + 1,
-                            spec.generator.block)
+    spec, plain, prompts, calibrated = offline_pairs(args.threads, max(c for _, c in points))
     runs = {name: [] for name in CASES}
     for r in range(args.repeats):
         for name in (list(CASES) if r % 2 == 0 else list(CASES)[::-1]):
