@@ -541,9 +541,9 @@ def test_plain_only_admission_gives_way_when_a_probe_is_due():
     assert steps < 200 and policy.wait > 8  # the probes backed off
     assert policy.drafts_for(view([0])) is False  # the newcomer is admitted plain-only
     for _ in range(policy.wait - 2):
-        policy.observe([0], 0, [0])  # its forced plain steps (choose is not asked)
+        policy.plain_only_step()  # its forced plain steps (the generator asks nothing and reports only this)
         assert policy.drafts_for(view([0])) is False
-    policy.observe([0], 0, [0])
+    policy.plain_only_step()
     assert policy.drafts_for(view([0])) is True  # the probe is due: the next newcomer drafts
     k = policy.choose(view([0]))
     assert k > 0  # ... and its first step is the probe

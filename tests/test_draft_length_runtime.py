@@ -8,7 +8,7 @@ import torch
 from oracle import hf_greedy
 from trtllm_dflash.draft_length.calibrate import (CalibrationCache, CalibrationPlan, calibration_key, calibrator,
                                                   measure)
-from trtllm_dflash.draft_length.policy import CostBasedDraftLen, DraftLenPolicy
+from trtllm_dflash.draft_length.policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.pairs import held_out_texts, stdlib_pair
 from trtllm_dflash.pipeline import load_pipeline
@@ -307,8 +307,6 @@ def test_draft_length_zero_runs_the_ops_of_plain_decoding(pair, prompts):
     (prefill or steps) and no drafter context is written; outputs are the target's."""
     from transformers import AutoModelForCausalLM
 
-    from trtllm_dflash.draft_length.policy import FixedDraftLen
-
     gen = load_pipeline(*pair).generator
     gen.proposer = writes = RecordingWrites(gen.proposer)
     gen.policy = FixedDraftLen(0)
@@ -319,6 +317,41 @@ def test_draft_length_zero_runs_the_ops_of_plain_decoding(pair, prompts):
     assert [r.output_ids for r in results] == [hf_greedy(oracle, p[:16], 12) for p in prompts[:2]]
     assert writes.slots == [] and len(captures) == 12 and set(captures) == {()}  # prefill + 11 plain steps
     assert {k for r in results for k in r.draft_lengths} == {0}
+
+
+class RecordingSteps(FixedDraftLen):
+    """A fixed draft length that logs what the generator reports after each step."""
+
+    def __init__(self, draft_len):
+        super().__init__(draft_len)
+        self.log = []
+
+    def timed(self, rows, context, draft_len, seconds):
+        self.log.append(("timed", rows, draft_len))
+
+    def observe(self, slots, draft_len, accepted, drafting=None):
+        self.log.append(("observe", len(slots), draft_len))
+
+    def plain_only_step(self):
+        self.log.append(("plain_only",))
+
+
+def test_steps_of_plain_only_requests_alone_report_only_that_they_ran(pair, prompts):
+    """A step whose rows are all plain-only teaches nothing (none of them drafts again): the policy hears
+    `plain_only_step` instead of `timed` and `observe`. A step with a request that keeps the drafter's context
+    beside a plain-only one reports both, for every row."""
+    gen = load_pipeline(*pair).generator
+    gen.policy = policy = RecordingSteps(3)
+    gen.allocate(2, 96, gen.block)
+    drafting = gen.admit([Request(tuple(prompts[0][:20]), 4, ignore_eos=True)])[0]
+    plain_only = gen.admit([Request(tuple(prompts[1][:20]), 12, ignore_eos=True)], drafting=False)[0]
+    while gen.slots.running:
+        gen.step()
+    mixed = len(drafting.result.draft_lengths)  # the steps while the drafting request ran
+    assert 1 <= mixed < len(plain_only.result.draft_lengths)
+    assert policy.log[: 2 * mixed] == [("timed", 2, 3), ("observe", 2, 3)] * mixed
+    assert policy.log[2 * mixed:] == [("plain_only",)] * (len(plain_only.result.draft_lengths) - mixed)
+    assert set(plain_only.result.draft_lengths) == {0}
 
 
 def test_a_drafting_step_writes_the_drafters_context_of_kept_tokens_only(pair, prompts):

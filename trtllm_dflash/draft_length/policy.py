@@ -55,6 +55,10 @@ class DraftLenPolicy(ABC):
         """The step ran with `draft_len` drafts per row; row i (slot slots[i]) had accepted[i] accepted. drafting:
         which rows drafted when plain-only rows ran beside them (None: every row)."""
 
+    def plain_only_step(self) -> None:
+        """A step of plain-only requests alone ran (instead of `timed` and `observe`): none of them drafts again,
+        so there is no acceptance to learn, and its cost is plain decoding's."""
+
     def move(self, src: int, dst: int) -> None:
         """The request in slot src now occupies slot dst (the generator keeps running requests in the lowest slots)."""
 
@@ -239,6 +243,11 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.plain_run = self.plain_run + 1 if draft_len == 0 else 0  # every step counts toward the next probe
         if self.acceptance is not None:
             self.acceptance.observe(slots, draft_len, accepted, drafting)
+
+    def plain_only_step(self) -> None:
+        """It counts toward the next probe like any plain step. Its time is not fed to the live cost correction:
+        that factor prices the steps of batches that keep the drafter's context, the only ones `choose` sees."""
+        self.plain_run += 1
 
     def move(self, src: int, dst: int) -> None:
         if self.acceptance is not None:
