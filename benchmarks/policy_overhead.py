@@ -6,10 +6,12 @@ step, timed, observe).
 At batch 1 on the CPU a plain step of the built-in pair takes about 2.5 ms, so the policy's own
 work is a visible share of it. The policy runs with a step-cost grid shaped as calibration makes it
 for a 16-slot engine (synthetic seconds: the host work does not depend on their values) and
-acceptance evidence from simulated drafting steps. Two regimes per batch size: a run of plain
-steps (the policy keeps choosing k = 0: what a DFlash engine does where drafting does not pay) and
-a run of drafting steps (k = 4, one or two drafts accepted per row). Median over --repeats of the
-mean microseconds per step. Writes benchmarks/results/policy_overhead.json.
+acceptance evidence from simulated drafting steps. Three regimes per batch size: a run of plain
+steps (the policy keeps choosing k = 0: what a DFlash engine does where drafting does not pay), a run
+of drafting steps (k = 4, one or two drafts accepted per row), and plain-only requests alone (none
+keeps the drafter's context: the generator asks nothing, and reports `plain_only_step`; the row
+"plain-only, as before" times the `timed` and `observe` calls it made there until it reported only that).
+Median over --repeats of the mean microseconds per step. Writes benchmarks/results/policy_overhead.json.
 """
 
 from __future__ import annotations
@@ -43,13 +45,14 @@ def grid_cost() -> CostModel:
 
 def prepared(cost: CostModel) -> CostBasedDraftLen:
     policy = CostBasedDraftLen(cost)
-    generator = type("G", (), {"slots": type("S", (), {"starts": [0] * SLOTS}), "block": MAX_DRAFT_LEN + 1})()
+    generator = type("G", (), {"slots": type("S", (), {"usable": SLOTS}), "block": MAX_DRAFT_LEN + 1})()
     policy.prepare(generator)
     return policy
 
 
 def per_step_us(policy: CostBasedDraftLen, batch: int, draft_len: int, steps: int) -> float:
-    """Mean microseconds of one step's policy calls; draft_len 0: a plain run (the policy is asked, k = 0 runs)."""
+    """Mean microseconds of one step's policy calls; draft_len 0: a plain run (the policy is asked, k = 0 runs);
+    None: plain-only requests alone; -1: the same as reported before."""
     slots = list(range(batch))
     policy.admit(slots, [CONTEXT] * batch)
     rng = np.random.default_rng(0)
@@ -58,6 +61,15 @@ def per_step_us(policy: CostBasedDraftLen, batch: int, draft_len: int, steps: in
     view = BatchView(slots, CONTEXT, [1000] * batch, MAX_DRAFT_LEN)
     accepted = [[int(a) for a in rng.integers(0, 3, batch)] for _ in range(steps)]
     t0 = time.perf_counter()
+    if draft_len is None:  # plain-only requests alone
+        for _ in range(steps):
+            policy.plain_only_step()
+        return (time.perf_counter() - t0) / steps * 1e6
+    if draft_len < 0:  # ... as the generator reported their steps before (a plain step's timed and observe)
+        for _ in range(steps):
+            policy.timed(batch, CONTEXT, 0, 2.5e-3)
+            policy.observe(slots, 0, [0] * batch)
+        return (time.perf_counter() - t0) / steps * 1e6
     for i in range(steps):
         if policy.choose(view) == 0:  # the generator then asks which requests keep the drafter's context
             policy.keeps_context(view)
@@ -74,11 +86,11 @@ def main() -> int:
     args = p.parse_args()
     cost, rows = grid_cost(), []
     for batch in (1, 16):
-        for regime, k in (("plain run", 0), ("drafting run", 4)):
+        for regime, k in (("plain run", 0), ("drafting run", 4), ("plain-only", None), ("plain-only, as before", -1)):
             us = [per_step_us(prepared(cost), batch, k, args.steps) for _ in range(args.repeats)]
             rows.append({"batch": batch, "regime": regime, "draft_len": k, "us_per_step_median": statistics.median(us),
                          "us_per_step": us})
-            print(f"batch {batch:2}  {regime:12}  {statistics.median(us):7.1f} us/step  "
+            print(f"batch {batch:2}  {regime:21}  {statistics.median(us):7.1f} us/step  "
                   f"({min(us):.1f}-{max(us):.1f})", flush=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=Path(__file__).parent).stdout.strip()

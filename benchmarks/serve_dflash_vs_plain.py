@@ -1,7 +1,7 @@
 """Served output tokens/s, DFlash / plain decoding, with the real tritonserver, on the built-in pair.
 
     python benchmarks/serve_dflash_vs_plain.py [--repeats 3] [--threads 2] [--draft-len auto] [--requests-per-slot 6]
-                                               [--warmup 0] [--quick] [--output FILE]
+                                               [--warmup 0] [--contexts short,1024] [--quick] [--output FILE]
 
 A float32 torch engine of the built-in pair (trtllm_dflash/pairs/stdlib: 6-layer target, 2-layer
 drafter, block 16) served twice by the real tritonserver on loopback: `--decoding plain` and DFlash with
@@ -25,6 +25,8 @@ requests of each context, one at a time (the last N prompts of each set, 128 new
 warm-up requests do: the timed points then measure a server that has met both prompt lengths (the DFlash
 server's acceptance statistics and newcomer back-off have data; a fresh server's first requests of a new
 prompt length probe the drafter), not its first requests. 0 (the default) times a fresh server's first ones.
+--contexts: which prompt sets run (default both; `--contexts 1024` runs only the 1024-token points, and warms
+up on them only).
 Writes benchmarks/results/serve_dflash_vs_plain.json (or --output) and prints a table last.
 """
 
@@ -167,7 +169,7 @@ def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
             servers[decoding] = serve(engine, root, decoding, args.draft_len, args.threads)
         for proc, ends in servers.values():  # warm-up
             post(f"{ends.http_url}/v2/models/m/generate",
-                 {"text_input": prompts["short"][0], "sampling_param_max_tokens": 8})
+                 {"text_input": next(iter(prompts.values()))[0], "sampling_param_max_tokens": 8})
             for context in prompts:  # --warmup: N requests of each context, untimed
                 for text in prompts[context][len(prompts[context]) - args.warmup:] if args.warmup else []:
                     body = {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS,
@@ -201,6 +203,7 @@ def summarize(rows: list[dict], repeats: int) -> list[dict]:
         dflash = [at("dflash", i) for i in range(repeats)]
         table.append({"context": context, "concurrency": c, "ratio_median": statistics.median(ratios),
                       "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
+                      "ratio_quartiles": statistics.quantiles(ratios, n=4) if repeats > 1 else ratios * 3,
                       "plain_tok_s_median": statistics.median(at("plain", i)["output_tokens_per_s"]
                                                               for i in range(repeats)),
                       "dflash_tok_s_median": statistics.median(r["output_tokens_per_s"] for r in dflash),
@@ -217,10 +220,15 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--requests-per-slot", type=int, default=6, help="requests per point = this x concurrency (>= 4)")
     p.add_argument("--warmup", type=int, default=0, help="untimed requests of each context per server before timing")
+    p.add_argument("--contexts", default=",".join(CONTEXTS), help="prompt sets to run, of " + ",".join(CONTEXTS))
     p.add_argument("--quick", action="store_true", help="16 prompts per context (a smoke run)")
     p.add_argument("--output", default=str(OUT))
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
+    args.contexts = args.contexts.split(",")
+    unknown = [c for c in args.contexts if c not in CONTEXTS]
+    if unknown:
+        raise SystemExit(f"--contexts: unknown context {unknown[0]!r} (known: {', '.join(CONTEXTS)})")
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     import torch
 
@@ -233,6 +241,7 @@ def main() -> None:
         root = Path(tmp)
         engine, cost = served_engine(root, max(args.concurrency), "benchmarks/serve_dflash_vs_plain.py")
         prompts = prompt_sets(AutoTokenizer.from_pretrained(stdlib_pair()[0]), args.quick)
+        prompts = {context: prompts[context] for context in args.contexts}
         rows = []
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
