@@ -40,6 +40,17 @@ def run(generator, prompts, drafting) -> tuple[float, float]:
     return t1 - t0, time.perf_counter() - t1
 
 
+def windows(tokenizer, count: int) -> list[tuple[int, ...]]:
+    """`count` CONTEXT-token windows of held-out stdlib text (overlapping, 300 tokens apart)."""
+    from trtllm_dflash.pairs import held_out_texts
+
+    ids = tokenizer("\n".join(held_out_texts(40)), add_special_tokens=False)["input_ids"]
+    prompts = [tuple(ids[i * 300: i * 300 + CONTEXT]) for i in range(count)]
+    if any(len(q) < CONTEXT for q in prompts):
+        raise SystemExit(f"held-out text too short for {count} x {CONTEXT}-token windows")
+    return prompts
+
+
 def quartiles(values: list[float]) -> dict:
     q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
     return {"median": statistics.median(values), "q1": q[0], "q3": q[2]}
@@ -75,17 +86,14 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    from trtllm_dflash.pairs import held_out_texts, stdlib_pair
+    from trtllm_dflash.pairs import stdlib_pair
     from trtllm_dflash.pipeline import load_pipeline
 
     torch.set_num_threads(args.threads)
     target, drafter = stdlib_pair()
     spec, plain = load_pipeline(target, drafter), load_pipeline(target)
-    ids = spec.tokenizer("\n".join(held_out_texts(40)), add_special_tokens=False)["input_ids"]
     batches = [int(b) for b in args.batches.split(",")]
-    prompts = [tuple(ids[i * 300: i * 300 + CONTEXT]) for i in range(max(batches))]
-    if any(len(q) < CONTEXT for q in prompts):
-        raise SystemExit(f"held-out text too short for {max(batches)} x 1024-token windows")
+    prompts = windows(spec.tokenizer, max(batches))
     run(spec.generator, prompts[:1], True)  # first-call costs out of the samples
     results = {f"batch_{b}": measure(spec, plain, prompts[:b], args.repeats) for b in batches}
     record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

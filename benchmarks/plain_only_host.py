@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from plain_only_admission import CONTEXT, NEW  # noqa: E402
+from plain_only_admission import CONTEXT, NEW, windows  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "plain_only_host.json"
 REQUESTS = 24
@@ -109,13 +109,12 @@ def main() -> None:
 
     from trtllm_dflash.draft_length.calibrate import calibrator
     from trtllm_dflash.draft_length.policy import CostBasedDraftLen
-    from trtllm_dflash.pairs import held_out_texts, stdlib_pair
+    from trtllm_dflash.pairs import stdlib_pair
     from trtllm_dflash.pipeline import load_pipeline
 
     torch.set_num_threads(args.threads)
     spec = load_pipeline(*stdlib_pair())
-    ids = spec.tokenizer("\n".join(held_out_texts(40)), add_special_tokens=False)["input_ids"]
-    prompts = [tuple(ids[i * 300: i * 300 + CONTEXT]) for i in range(args.batch)]
+    prompts = windows(spec.tokenizer, args.batch)
     gen = spec.generator
     gen.allocate(args.batch, CONTEXT + NEW + gen.block + 1, gen.block)
     cost = calibrator(None)(gen)

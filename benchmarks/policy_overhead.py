@@ -50,9 +50,34 @@ def prepared(cost: CostModel) -> CostBasedDraftLen:
     return policy
 
 
-def per_step_us(policy: CostBasedDraftLen, batch: int, draft_len: int, steps: int) -> float:
-    """Mean microseconds of one step's policy calls; draft_len 0: a plain run (the policy is asked, k = 0 runs);
-    None: plain-only requests alone; -1: the same as reported before."""
+def asked(draft_len: int):
+    """A step whose draft length the policy is asked for (draft_len runs: 0 a plain run, else a drafting run)."""
+    def step(policy: CostBasedDraftLen, slots: list[int], view: BatchView, accepted: list[int]) -> None:
+        if policy.choose(view) == 0:  # the generator then asks which requests keep the drafter's context
+            policy.keeps_context(view)
+        policy.timed(len(slots), CONTEXT, draft_len, 2.5e-3)
+        policy.observe(slots, draft_len, accepted if draft_len else [0] * len(slots))
+    return step
+
+
+def plain_only(policy: CostBasedDraftLen, slots: list[int], view: BatchView, accepted: list[int]) -> None:
+    """Plain-only requests alone: the generator asks nothing and reports only that the step ran."""
+    policy.plain_only_step()
+
+
+def plain_only_before(policy: CostBasedDraftLen, slots: list[int], view: BatchView, accepted: list[int]) -> None:
+    """... as the generator reported such a step before `plain_only_step`: a plain step's timed and observe."""
+    policy.timed(len(slots), CONTEXT, 0, 2.5e-3)
+    policy.observe(slots, 0, [0] * len(slots))
+
+
+# (regime, draft_len recorded in the JSON, one step's policy calls)
+REGIMES = (("plain run", 0, asked(0)), ("drafting run", 4, asked(4)), ("plain-only", None, plain_only),
+           ("plain-only, as before", -1, plain_only_before))
+
+
+def per_step_us(policy: CostBasedDraftLen, batch: int, step, steps: int) -> float:
+    """Mean microseconds of one step's policy calls (`step`, one of REGIMES') over `steps` steps."""
     slots = list(range(batch))
     policy.admit(slots, [CONTEXT] * batch)
     rng = np.random.default_rng(0)
@@ -61,20 +86,8 @@ def per_step_us(policy: CostBasedDraftLen, batch: int, draft_len: int, steps: in
     view = BatchView(slots, CONTEXT, [1000] * batch, MAX_DRAFT_LEN)
     accepted = [[int(a) for a in rng.integers(0, 3, batch)] for _ in range(steps)]
     t0 = time.perf_counter()
-    if draft_len is None:  # plain-only requests alone
-        for _ in range(steps):
-            policy.plain_only_step()
-        return (time.perf_counter() - t0) / steps * 1e6
-    if draft_len < 0:  # ... as the generator reported their steps before (a plain step's timed and observe)
-        for _ in range(steps):
-            policy.timed(batch, CONTEXT, 0, 2.5e-3)
-            policy.observe(slots, 0, [0] * batch)
-        return (time.perf_counter() - t0) / steps * 1e6
     for i in range(steps):
-        if policy.choose(view) == 0:  # the generator then asks which requests keep the drafter's context
-            policy.keeps_context(view)
-        policy.timed(batch, CONTEXT, draft_len, 2.5e-3)
-        policy.observe(slots, draft_len, accepted[i] if draft_len else [0] * batch)
+        step(policy, slots, view, accepted[i])
     return (time.perf_counter() - t0) / steps * 1e6
 
 
@@ -86,8 +99,8 @@ def main() -> int:
     args = p.parse_args()
     cost, rows = grid_cost(), []
     for batch in (1, 16):
-        for regime, k in (("plain run", 0), ("drafting run", 4), ("plain-only", None), ("plain-only, as before", -1)):
-            us = [per_step_us(prepared(cost), batch, k, args.steps) for _ in range(args.repeats)]
+        for regime, k, step in REGIMES:
+            us = [per_step_us(prepared(cost), batch, step, args.steps) for _ in range(args.repeats)]
             rows.append({"batch": batch, "regime": regime, "draft_len": k, "us_per_step_median": statistics.median(us),
                          "us_per_step": us})
             print(f"batch {batch:2}  {regime:21}  {statistics.median(us):7.1f} us/step  "

@@ -314,7 +314,7 @@ class Generator:
             self.policy.timed(n, max_start, k, now - began)
             self.policy.observe([s.slot for s in running], k, accepted, keeping if mixed else None)
         else:  # plain-only requests alone: none drafts again, so the step teaches nothing (the cost policy's
-            self.policy.plain_only_step()  # bookkeeping was ~50 us a step, ~1 % of a 1024-token plain step)
+            self.policy.plain_only_step()  # bookkeeping was ~60 us a step here: benchmarks/plain_only_host.py)
         for row, seq in enumerate(running):
             a, own = accepted[row], k if seq.drafting else 0
             seq.start += a + 1
