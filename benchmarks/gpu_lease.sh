@@ -7,6 +7,8 @@
 # - TESTS=1: pytest tests/test_cuda_steps.py first (every step mode's greedy output against transformers on the
 #   GPU, CUDA graphs really replayed, one host sync per step); 110 s for the three non-graph tests and 96 s for
 #   the two cuda-graphs ones on an H200 (2026-11-26).
+# - TESTS=after: the session first, then only the cuda-graphs tests (-k cuda-graphs) in the time left, if at
+#   least 100 s are (a lease whose main goal is the session's numbers).
 # - then benchmarks/gpu_session.py for MODES (default cuda-graphs: eager was measured on an H200, see
 #   benchmarks/results/gpu_h200/RUN.md), with a deadline that leaves the last part 100 s, killed (SIGTERM, which
 #   gpu_session.py turns into a record of where its time went) at SECONDS.
@@ -36,3 +38,9 @@ timeout "$budget" python3 benchmarks/gpu_session.py --out "$out" --step-modes "$
     --deadline-s $((budget - 100)) >"$out/session.log" 2>&1
 echo "gpu_session.py: exit $? after $(($(date +%s) - start)) s"
 tail -40 "$out/session.log"
+if [ "${TESTS:-0}" = after ] && [ "$(left)" -ge 100 ]; then
+    timeout $(($(left) - 5)) python3 -P -m pytest -q -p no:cacheprovider -W ignore::UserWarning -k cuda-graphs \
+        tests/test_cuda_steps.py >"$out/tests_cuda_graphs.log" 2>&1
+    echo "tests/test_cuda_steps.py -k cuda-graphs: exit $? after $(($(date +%s) - start)) s"
+    tail -3 "$out/tests_cuda_graphs.log"
+fi
