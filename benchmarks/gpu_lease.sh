@@ -34,7 +34,7 @@ if [ "${TESTS:-0}" = 1 ]; then
     tail -3 "$out/tests_cuda_steps.log"
 fi
 budget=$(left)
-timeout "$budget" python3 benchmarks/gpu_session.py --out "$out" --step-modes "${MODES:-cuda-graphs}" \
+TORCH_LOGS=recompiles timeout "$budget" python3 benchmarks/gpu_session.py --out "$out" --step-modes "${MODES:-cuda-graphs}" \
     --deadline-s $((budget - 100)) >"$out/session.log" 2>&1
 echo "gpu_session.py: exit $? after $(($(date +%s) - start)) s"
 tail -40 "$out/session.log"

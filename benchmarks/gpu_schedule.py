@@ -101,6 +101,9 @@ def report(record: dict, out: Path) -> None:
     for row in record["rows"]:
         print(f"  batch {row['batch']:3}: k = {row['best']:2}  {row['gain_over_plain']:.2f}x plain  "
               f"(plain step {row['seconds'][0] * 1e3:.2f} ms)", file=sys.stderr)
+    worst = record["cost_model"]["meta"].get("worst_cell")
+    if worst:
+        print(f"calibration's widest cell: {worst}", file=sys.stderr)
     print(f"schedule: {record['schedule']} -> {out.with_suffix('.yaml')}", file=sys.stderr)
 
 

@@ -33,6 +33,14 @@ def progress(started: float, what: str) -> None:
     print(f"gpu_session.py: [{time.perf_counter() - started:6.0f} s] {what}", file=sys.stderr, flush=True)
 
 
+def graphs_compiled() -> int:
+    """dynamo's unique graphs so far: one that grows after the warm-up is a recompilation a server would pay
+    (its reason is logged when TORCH_LOGS=recompiles, as gpu_lease.sh sets)."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
+
+
 def stopped(signum, frame):
     """SIGTERM (timeout's) as SystemExit, so that main's finally says where the time went."""
     raise SystemExit(124)
@@ -70,11 +78,12 @@ class Session:
         try:
             progress(self.started, f"{mode}: warm-up")
             compile_s = gpu_decode.set_mode(self.generator, mode, self.args.device)
-            progress(self.started, f"{mode}: warm-up took {compile_s:.0f} s; calibration and schedule")
+            progress(self.started, f"{mode}: warm-up took {compile_s:.0f} s, {graphs_compiled()} graphs compiled; "
+                                   "calibration and schedule")
             self.schedule(compile_s, self.out / f"gpu_schedule_{mode}.json")
             if not self.due():
                 return
-            progress(self.started, f"{mode}: decode rows")
+            progress(self.started, f"{mode}: {graphs_compiled()} graphs compiled; decode rows")
             rows = gpu_decode.rows_for(self.generator, self.args.device, self.batches, self.context,
                                        self.args.repeats, self.decode["roofline_step_s"])
             self.decode["modes"][mode] = {"compile_s": compile_s, "rows": rows}  # compiled once, before the schedule

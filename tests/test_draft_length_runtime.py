@@ -96,25 +96,26 @@ def test_a_cost_model_for_other_threads_is_not_used(pair, tmp_path):
 
 class FakeGenerator:
     """Steps cost a scripted time on a fake clock: 1 ms + 0.5 ms per draft token per row + 1 us per context
-    token, and the first step of every batch 100 ms (a warm-up the calibration must leave out)."""
+    token, and the first `step_mode.settle_calls` steps of every (batch, context, draft length) 100 ms (a
+    first call's allocations, or CUDA graphs' warm-up and recording: what the calibration must leave out)."""
 
-    def __init__(self, slots=8, capacity=600, block=8):
+    def __init__(self, slots=8, capacity=600, block=8, step_mode=StepMode()):
         self.slots = type("Slots", (), {"usable": slots, "running": {}})()
         self.capacity, self.block, self.now, self.rows, self.context = capacity, block, 0.0, 0, 0
-        self.device, self.target, self.first = torch.device("cpu"), type("T", (), {"tp": type("P", (), {"world": 1})})(), True
-        self.calls, self.step_mode = [], StepMode()
+        self.device, self.target = torch.device("cpu"), type("T", (), {"tp": type("P", (), {"world": 1})})()
+        self.calls, self.step_mode = [], step_mode
 
     def admit(self, requests):
-        self.rows, self.first = len(requests), True
+        self.rows = len(requests)
         return [type("Seq", (), {"done": False, "slot": i})() for i in range(len(requests))]
 
     def hold(self, sequences, length):
         self.context = length
 
     def step(self, k):
+        settling = self.calls.count((self.rows, self.context, k)) < self.step_mode.settle_calls
         self.calls.append((self.rows, self.context, k))
-        self.now += 0.1 if self.first else 1e-3 + 5e-4 * k * self.rows + 1e-6 * self.context
-        self.first = False
+        self.now += 0.1 if settling else 1e-3 + 5e-4 * k * self.rows + 1e-6 * self.context
 
     def cancel(self, seq, reason):
         seq.done = True
@@ -123,18 +124,21 @@ class FakeGenerator:
         return self.now
 
 
-def test_measure_fills_the_grid_from_interleaved_repeats():
-    gen = FakeGenerator()
-    plan = CalibrationPlan.covering(max_batch=6, max_draft_len=7, max_context=500, repeats=2)
+@pytest.mark.parametrize("mode", ("eager", "cuda-graphs"))
+def test_measure_fills_the_grid_from_interleaved_repeats_after_each_cell_settles(mode):
+    gen = FakeGenerator(step_mode=StepMode(mode))
+    plan = CalibrationPlan.covering(max_batch=6, max_draft_len=7, max_context=500, repeats=3)
     assert plan.batch_sizes == (1, 2, 4, 6) and plan.draft_lens == (0, 1, 2, 4, 7) and plan.contexts == (128, 500)
     model = measure(gen, plan, clock=gen.clock)
     for c, context in enumerate(plan.contexts):
         for b, batch in enumerate(plan.batch_sizes):
             expected = [1e-3 + 5e-4 * k * batch + 1e-6 * context for k in plan.draft_lens]
             assert model.seconds[c][b] == pytest.approx(expected)
-    first_round = [k for rows, _, k in gen.calls[1:11]]  # after the warm-up: repeat 0 of batch 1
-    second_round = [k for rows, _, k in gen.calls[11:21]]
+    settle = 10 * gen.step_mode.settle_calls  # untimed steps of batch 1: each of its 10 cells settles first
+    first_round = [k for rows, _, k in gen.calls[settle:settle + 10]]
+    second_round = [k for rows, _, k in gen.calls[settle + 10:settle + 20]]
     assert first_round[:5] == [0, 1, 2, 4, 7] and second_round[:5] == [1, 2, 4, 7, 0]
+    assert model.meta["worst_cell_max_over_min"] == pytest.approx(1.0)  # no settling step among the samples
 
 
 def test_measure_refuses_a_busy_or_too_small_generator():

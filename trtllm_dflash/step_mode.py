@@ -102,6 +102,14 @@ class StepMode:
     def graphs(self) -> bool:
         return self.mode == "cuda-graphs"
 
+    @property
+    def settle_calls(self) -> int:
+        """Calls a pass makes at a new padded shape before its time is steady: under CUDA graphs two (inductor's
+        cudagraph trees run a new shape once to warm it up, record its graph on the next call and replay from
+        the third: `CUDAGraphTreeManager._run` in torch/_inductor/cudagraph_trees.py, torch 2.11 and 2.13),
+        else one (a first call's allocations; compile mode's shapes are symbolic, so no recompilation)."""
+        return 2 if self.graphs else 1
+
     def compile(self, module: torch.nn.Module) -> Callable:
         """module's forward(x, ctx) for cached passes: compiled in this mode (prefill calls the module itself)."""
         return CompiledPass(module, self) if self.compiled else module

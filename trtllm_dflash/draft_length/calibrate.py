@@ -3,9 +3,11 @@
 The calibration times the generator's own `step(k)` (drafter, verify, acceptance, bookkeeping: the
 whole step a request pays for) on synthetic requests pinned at each context length (`hold`: the
 cache holds junk there, which costs the same as real keys), for every (batch size, draft length,
-context) of a small grid. Repeats are interleaved over draft lengths and contexts, so a machine
-that gets busier mid-way shifts every draft length alike; the median of the repeats is kept and
-made non-decreasing in the draft length. The model is valid for one device, thread count, torch
+context) of a small grid. Every cell first steps untimed as often as the step mode needs to settle a
+new shape (`StepMode.settle_calls`: CUDA graphs warm up and record each padded shape on its first two
+calls, which measured 2x a replayed step on an H100 when they were in the samples). Repeats are
+interleaved over draft lengths and contexts, so a machine that gets busier mid-way shifts every draft
+length alike; the median of the repeats is kept and made non-decreasing in the draft length. The model is valid for one device, thread count, torch
 version and engine: that key names the cache file (`ENGINE/calibration/step-cost-<key>.json`).
 """
 
@@ -79,9 +81,11 @@ def measure(generator, plan: CalibrationPlan, clock=time.perf_counter) -> CostMo
         samples.update(measure_batch(generator, plan, batch, clock))
     seconds = [[monotone([statistics.median(samples[c, b, k]) for k in plan.draft_lens]) for b in plan.batch_sizes]
                for c in plan.contexts]
-    spread = max(max(v) / min(v) for v in samples.values())
+    worst = max(samples, key=lambda cell: max(samples[cell]) / min(samples[cell]))
     meta = {**calibration_key(generator), "repeats": plan.repeats, "calibration_s": time.perf_counter() - start,
-            "worst_cell_max_over_min": spread, "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "worst_cell_max_over_min": max(samples[worst]) / min(samples[worst]),
+            "worst_cell": dict(zip(("context", "batch", "draft_len"), worst), seconds=samples[worst]),
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return CostModel(plan.batch_sizes, plan.draft_lens, plan.contexts, seconds, meta)
 
 
@@ -92,8 +96,11 @@ def measure_batch(generator, plan: CalibrationPlan, batch: int, clock) -> dict[t
     sequences = generator.admit(requests)
     samples: dict[tuple, list[float]] = {}
     try:
-        generator.hold(sequences, plan.contexts[-1])
-        generator.step(plan.draft_lens[-1])  # warm-up: first-call costs stay out of the samples
+        for _ in range(generator.step_mode.settle_calls):  # first-call costs stay out of the samples
+            for context in plan.contexts:
+                for k in plan.draft_lens:
+                    generator.hold(sequences, context)
+                    generator.step(k)
         for r in range(plan.repeats):
             lens = plan.draft_lens[r % len(plan.draft_lens):] + plan.draft_lens[: r % len(plan.draft_lens)]
             for context in plan.contexts:
