@@ -117,6 +117,10 @@ def test_padded_steps_equal_transformers(pair, compiled, prompts, oracle, mode, 
     widths = {width for _, width, _, _ in passes}
     assert widths == ({1, 2, 4, 8, 16} if smallest == 1 else {2, 4, 8, 16})  # k = 2, 3 as 4 tokens; 7 as 8 ...
     assert all(span in (16, 32, 64, 128, 160) for _, _, span, _ in passes[:served])  # 160: the capacity
+    # the lone request's allocation (`generate` sizes it: 57 positions) is rounded up to StepShapes.align, so its
+    # widest span is 64, not 57: every span is aligned, as CUDA's compiled graphs guard (step_mode.StepShapes)
+    assert {span for _, _, span, _ in passes[served:]} >= {64} and all(span % 16 == 0 for _, _, span, _ in passes)
+    assert gen.capacity == len(prompts[2]) + 20 + gen.block + 1 and gen.cache.capacity == 64  # validated: 57
     # a compiled drafter runs every row (an eager one gathers the drafting rows of a mixed step: fewer)
     assert drafter_rows and (mode == "eager" or min(drafter_rows) == smallest)
 

@@ -100,12 +100,15 @@ class Generator:
         in place either way, and a compiled pass would take the two kinds for different inputs (a recompilation).
         Compiled steps keep caches of at least 2 slots (the second one unused when num_slots is 1): a size of 1 is
         specialised, so one slot would need graphs of its own; padded steps whose buckets start at 2 rows
-        (`StepShapes.min_rows`) keep per-slot state for that spare slot too, which only padding rows use."""
+        (`StepShapes.min_rows`) keep per-slot state for that spare slot too, which only padding rows use. Padded
+        steps' caches hold `capacity` rounded up to `StepShapes.align` positions (requests are still validated
+        against `capacity`)."""
         shapes = self.step_mode.shapes
         rows = max(num_slots, shapes.min_rows if shapes is not None else 1)  # per-slot state: usable + spare
         cache_slots = max(rows, 2) if self.step_mode.compiled else rows
-        self.cache = self.target.new_cache(cache_slots, capacity, block)
-        self.proposer.allocate(cache_slots, capacity)
+        positions = shapes.capacity(capacity) if shapes is not None else capacity  # padded: aligned key spans
+        self.cache = self.target.new_cache(cache_slots, positions, block)
+        self.proposer.allocate(cache_slots, positions)
         self.step_mode.caches(self.cache.tensors() + self.proposer.tensors())
         zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
         steps = zeros.clone()

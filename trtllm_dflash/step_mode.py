@@ -57,6 +57,16 @@ class StepShapes:
     min_span: int = 256  # keys
     min_rows: int = 1
     min_width: int = 1
+    # cache positions per slot are a multiple of this (`capacity`), so every key span (a power of two from
+    # min_span, or the whole capacity) is too: inductor on CUDA guards a graph on whether a size is a multiple
+    # of 8 (16-byte alignment of bf16 rows, `is_aligned_realized_tensor` in torch/_inductor/ir.py, torch 2.11),
+    # and a warm-up whose capacity was not one recompiled both 36-layer graphs (~100 s on an H100) at the first
+    # aligned span; 16 covers one-byte dtypes too
+    align: int = 16
+
+    def capacity(self, positions: int) -> int:
+        """Cache positions per slot for a request of `positions`: rounded up to `align`."""
+        return -(-positions // self.align) * self.align
 
     def rows(self, running: int, slots: int) -> int:
         return min(max(pow2_ceil(running), self.min_rows), slots)
