@@ -16,6 +16,12 @@ follows TensorRT-LLM's rules (draft_len_schedule.py: the smallest threshold maps
 lengths are capped by it). It describes this runtime's step costs on this GPU: a TensorRT-LLM deployment's own
 schedule comes from `dflash-bench tune` against its server. Writes benchmarks/results/gpu_schedule.json and the
 schedule as YAML beside it; prints a table last.
+
+    python benchmarks/gpu_schedule.py --from benchmarks/results/gpu_h100/gpu_schedule_cuda-graphs.json \
+        --taus 1.5,2,3,4.5,6.49 --output benchmarks/results/gpu_h100/gpu_schedule_taus.json
+
+re-chooses from a committed record's measured cost model (no GPU, no model) for each acceptance profile in
+--taus: the schedule that GPU's step costs give a drafter accepted that well, and the gain over plain decoding.
 """
 
 from __future__ import annotations
@@ -77,6 +83,32 @@ def calibrated_schedule(generator, max_batch: int, context: int, tau: float, rep
             "schedule": {str(r["batch"]): min(r["best"], first) for r in rows}}
 
 
+def schedules_for_taus(record: dict, taus: list[float]) -> dict:
+    """A committed record's cost model, re-chosen at each tau: {"source": ..., "taus": [{tau, a, rows, schedule}]}."""
+    from trtllm_dflash.draft_length.cost import CostModel
+
+    cost = CostModel.from_json(record["cost_model"], "the record's cost_model")
+    max_draft_len = BLOCK - 1
+    out = []
+    for tau in taus:
+        a = acceptance_for_tau(tau, max_draft_len)
+        rows = choose(cost, a, record["context"], max_draft_len)
+        scheduled = {r["batch"]: min(r["best"], rows[0]["best"]) for r in rows}  # TensorRT-LLM's cap: the first
+        out.append({"tau": tau, "acceptance_per_position": a, "schedule": {str(b): k for b, k in scheduled.items()},
+                    "gain_over_plain": {str(r["batch"]): r["tokens_per_s"][scheduled[r["batch"]]] / r["tokens_per_s"][0]
+                                        for r in rows}})  # at the scheduled draft length
+    return {"command": "python " + " ".join(sys.argv), "device": record["device"], "step_mode": record["step_mode"],
+            "context": record["context"], "measured_utc": record["date_utc"], "taus": out}
+
+
+def report_taus(result: dict) -> None:
+    print(f"{result['device']}, {result['step_mode']}, context {result['context']}: draft length (gain over plain) "
+          "per running batch", file=sys.stderr)
+    for row in result["taus"]:
+        cells = "  ".join(f"{b}: {k} ({row['gain_over_plain'][b]:.2f}x)" for b, k in row["schedule"].items())
+        print(f"  tau {row['tau']:5.2f}  {cells}", file=sys.stderr)
+
+
 def record_of(measured: dict, tiny: bool, dtype, compile_s: float, wall_s: float) -> dict:
     """The JSON record: how it was run, and `calibrated_schedule`'s measured part."""
     return {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -117,7 +149,17 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--tiny", action="store_true", help="tiny shapes, float32: a smoke run of the script")
     p.add_argument("--output", default=str(OUT))
+    p.add_argument("--from", dest="source", help="a committed record: re-choose its cost model at --taus, no GPU")
+    p.add_argument("--taus", default="1.5,2,3,4.5,6.49", help="with --from: acceptance profiles to choose for")
     args = p.parse_args()
+    if args.source:
+        taus = [float(t) for t in args.taus.split(",")]
+        if not all(1 <= t <= BLOCK for t in taus):
+            raise SystemExit(f"gpu_schedule.py: every tau must be in [1, {BLOCK}], got {args.taus}")
+        result = schedules_for_taus(json.loads(Path(args.source).read_text()), taus)
+        Path(args.output).write_text(json.dumps(result, indent=2) + "\n")
+        report_taus(result)
+        return
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("gpu_schedule.py: no CUDA device here (use --tiny --device cpu --step-mode eager)")
     if not 1 <= args.tau <= BLOCK:

@@ -59,6 +59,36 @@ def test_schedule_smoke_run_chooses_the_best_draft_length_per_batch(tmp_path):
         assert rates[3] == pytest.approx(row["batch"] * sum(a ** i for i in range(4)) / row["seconds"][3])
 
 
+def test_schedules_at_other_acceptance_come_from_the_committed_h100_costs(tmp_path):
+    """gpu_schedule.py --from: the committed H100 record's step costs, re-chosen at other taus without a GPU. Each
+    scheduled draft length is the batch's best expected tokens/s (computed here from the record's per-batch step
+    seconds and the acceptance's closed form), capped by the first; never below plain; at the record's own tau
+    the record's schedule."""
+    record_path = SCRIPT.parent / "results" / "gpu_h100" / "gpu_schedule_cuda-graphs.json"
+    record = json.loads(record_path.read_text())
+    out = tmp_path / "taus.json"
+    run = subprocess.run([sys.executable, str(SCRIPT.with_name("gpu_schedule.py")), "--from", str(record_path),
+                          "--taus", f"1.2,3,{record['tau']}", "--output", str(out)], capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert [r["tau"] for r in result["taus"]] == [1.2, 3, record["tau"]]
+    for row in result["taus"]:
+        a = row["acceptance_per_position"]
+        assert sum(a ** i for i in range(16)) == pytest.approx(row["tau"], rel=1e-6)
+        best = {}
+        for r in record["rows"]:  # seconds per draft length 0..15 at the record's context
+            rates = [r["batch"] * sum(a ** i for i in range(k + 1)) / s for k, s in enumerate(r["seconds"])]
+            best[r["batch"]] = rates.index(max(rates))
+        first = best[record["rows"][0]["batch"]]
+        assert row["schedule"] == {str(b): min(k, first) for b, k in best.items()}
+        assert all(g >= 1 for g in row["gain_over_plain"].values())
+    assert result["taus"][-1]["schedule"] == record["schedule"]
+    bad = subprocess.run([sys.executable, str(SCRIPT.with_name("gpu_schedule.py")), "--from", str(record_path),
+                          "--taus", "0.5", "--output", str(out)], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "every tau must be in [1, 16], got 0.5" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_session_writes_both_scripts_records_from_one_build(tmp_path):
     """benchmarks/gpu_session.py (tiny, eager, CPU): gpu_schedule.py's and gpu_decode.py's records from one process,
     each in its script's format; a deadline already passed runs no mode and says so."""
