@@ -13,7 +13,7 @@ import pytest
 from trtllm_dflash.draft_length.acceptance import AcceptanceModel, AcceptanceSettings, context_buckets
 from trtllm_dflash.draft_length.cost import CostModel, interpolate, monotone
 from trtllm_dflash.draft_length.newcomers import NewcomerBackoff
-from trtllm_dflash.draft_length.policy import (PLAIN_ONLY_AFTER, BatchView, CostBasedDraftLen, FixedDraftLen,
+from trtllm_dflash.draft_length.policy import (MIN_GAIN, PLAIN_ONLY_AFTER, BatchView, CostBasedDraftLen, FixedDraftLen,
                                                ProbeSettings, ScheduledDraftLen)
 from trtllm_dflash.draft_len_schedule import DraftLenSchedule
 from trtllm_dflash.errors import DFlashError
@@ -390,7 +390,26 @@ def test_choice_maximises_the_closed_form_rate(alpha, per_draft, overhead):
     policy = CostBasedDraftLen(cost, acceptance=AcceptanceSettings(prior=alpha, prior_weight=1e9, optimism=0.0))
     policy.prepare(type("G", (), {"slots": type("S", (), {"usable": 4}), "block": K + 1})())
     rate = [geometric_tokens(alpha, k) / (1.0 + (overhead if k else 0) + per_draft * k) for k in range(K + 1)]
-    assert policy.choose(view([0, 1, 2, 3])) == int(np.argmax(rate))
+    assert policy.choose(view([0, 1, 2, 3])) == int(np.argmax(rate))  # a small batch: no margin
+
+
+@pytest.mark.parametrize("gain, batch, min_gain, drafts", [(1.2, 5, MIN_GAIN, False), (1.3, 5, MIN_GAIN, True),
+                                                            (1.2, 5, 1.0, True), (1.2, 4, MIN_GAIN, True)])
+def test_a_large_batch_drafts_only_where_it_beats_plain_by_the_margin(gain, batch, min_gain, drafts):
+    """Every request accepts every draft (tokens k + 1) and a drafting step costs (k + 1) / gain plain steps at
+    k = 15, more below: the whole block's expected rate is `gain` x plain, every shorter draft's lower. Batches of
+    up to ProbeSettings.newcomer_batch (4) requests need no margin (they explore)."""
+    seconds = [1.0] + [(K + 1) / gain + 0.5 * (K - k) for k in range(1, K + 1)]
+    cost = CostModel((1, 16), tuple(range(K + 1)), (64, 2048), [[seconds, seconds]] * 2)
+    policy = CostBasedDraftLen(cost, acceptance=AcceptanceSettings(prior=1.0, prior_weight=1e9, optimism=0.0),
+                               probe=ProbeSettings(first=10**9), min_gain=min_gain)
+    policy.prepare(type("G", (), {"slots": type("S", (), {"usable": 8}), "block": K + 1})())
+    slots = list(range(batch))
+    rates = policy.expected_rates(view(slots))
+    assert rates[K] / rates[0] == pytest.approx(gain) and int(np.argmax(rates)) == K
+    assert policy.choose(view(slots)) == (K if drafts else 0)
+    with pytest.raises(ValueError, match="min_gain must be at least 1 .* got 0.9"):
+        CostBasedDraftLen(cost, min_gain=0.9)
 
 
 def test_never_worse_than_plain_in_expected_rate():
@@ -404,7 +423,9 @@ def test_never_worse_than_plain_in_expected_rate():
         b = view(batch, context=rng.randint(1, 2000), remaining=[rng.randint(1, 50) for _ in batch])
         k = policy.choose(b)
         rates = policy.expected_rates(b)
-        assert rates[k] >= rates[0] and rates[k] == rates.max()
+        best, margin = int(np.argmax(rates)), MIN_GAIN if len(batch) > 4 else 1.0  # ProbeSettings.newcomer_batch
+        assert rates[k] >= rates[0]  # the best rate, unless it beats plain by less than the margin: then plain
+        assert k == (best if rates[best] >= margin * rates[0] else 0)
 
 
 def test_probes_back_off_exponentially_and_recover_when_drafting_pays_again():

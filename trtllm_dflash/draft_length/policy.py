@@ -8,8 +8,8 @@ and speculative sampling is lossless for any proposal length chosen from the pas
 - `ScheduledDraftLen(schedule)`: TensorRT-LLM's `draft_len_schedule` semantics (running batch size
   -> draft length), so a schedule tuned for a TensorRT-LLM deployment can be tried here.
 - `CostBasedDraftLen(cost)`: maximises expected output tokens per second of the running batch from
-  a measured step-cost model and live acceptance statistics; it drafts nothing when drafting does
-  not pay, and probes now and then (exponentially less often) so it notices when it pays again.
+  a measured step-cost model and live acceptance statistics; it drafts only where drafting is expected
+  to beat a plain step by a margin (MIN_GAIN), and probes now and then (exponentially less often) so it notices when it pays again.
 """
 
 from __future__ import annotations
@@ -127,6 +127,16 @@ CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the 
 # a request's own drafting steps (decayed trials of draft position 1: two steps are 0.9 + 1 = 1.9) before it may
 # stop paying for the drafter's context (`CostBasedDraftLen.keeps_context`)
 OWN_PROBES = 1.5
+# In a batch larger than ProbeSettings.newcomer_batch, a drafting step is chosen over a plain one only when its
+# expected output tokens/s is at least this many times the plain step's. The models miss part of what a served
+# step costs: served steps spread around the live cost factors, the acceptance estimate is optimistic, and a
+# batch's requests finish apart. Drafting for a predicted few percent lost served: snippets at concurrency 16 gave
+# 0.93 of plain with no margin, 0.97 with 1.1 and 0.98 with 1.25, the last with 99 % of its steps plain
+# (`python benchmarks/serve_dflash_vs_plain.py --repeats 9 --warmup 4 --contexts short`, one run per value,
+# 2026-11-26, the margin then at every batch size). Small batches keep no margin: they are where requests explore
+# (newcomer probes, optimistic estimates), and a margin there let one early rejection of a drafter whose first
+# draft is a coin flip hold it to plain steps for most of a request (tests/test_draft_length.py).
+MIN_GAIN = 1.25
 
 
 @dataclass(frozen=True)
@@ -150,14 +160,26 @@ class ProbeSettings:
     newcomer_longest: int = 16
 
 
+def pick(rates: np.ndarray, min_gain: float) -> int:
+    """[K + 1] expected tokens/s at draft length 0..K -> the best drafting length if it beats plain by min_gain,
+    else 0 (the first maximum: ties go to the shorter draft, and to plain)."""
+    if len(rates) < 2:
+        return 0
+    k = 1 + int(np.argmax(rates[1:]))
+    return k if rates[k] > rates[0] and rates[k] >= min_gain * rates[0] else 0
+
+
 class CostBasedDraftLen(DraftLenPolicy):
-    """argmax over k of  sum_b E[tokens_b | k] / step_seconds(batch, k, context)."""
+    """argmax over k of  sum_b E[tokens_b | k] / step_seconds(batch, k, context); in a batch of more than
+    `probe.newcomer_batch` requests, drafting only where that beats the plain step's rate by `min_gain`."""
 
     name = "cost"
 
     def __init__(self, cost: CostModel | None = None, acceptance: AcceptanceSettings = AcceptanceSettings(),
-                 probe: ProbeSettings = ProbeSettings(), calibrator=None):
-        self.cost, self.acceptance_settings, self.probe = cost, acceptance, probe
+                 probe: ProbeSettings = ProbeSettings(), calibrator=None, min_gain: float = MIN_GAIN):
+        if not min_gain >= 1.0:
+            raise ValueError(f"min_gain must be at least 1 (drafting never chosen below plain), got {min_gain}")
+        self.cost, self.acceptance_settings, self.probe, self.min_gain = cost, acceptance, probe, min_gain
         self.calibrator = calibrator  # generator -> CostModel, used when `cost` is missing or too small
         self.acceptance: AcceptanceModel | None = None
         self.plain_run, self.wait = 0, probe.first
@@ -228,7 +250,7 @@ class CostBasedDraftLen(DraftLenPolicy):
             self.kept -= 1
             return 0
         rates = self.last_rates = self.expected_rates(batch)
-        best = int(np.argmax(rates))  # the first maximum: ties go to the shorter draft
+        best = pick(rates, self.margin(batch))
         self.kept, self.kept_key = (PLAIN_KEPT_STEPS - 1, key) if best == 0 else (0, None)
         return best
 
@@ -238,6 +260,10 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def small(self, batch: BatchView) -> bool:
         return len(batch.slots) <= self.probe.newcomer_batch
+
+    def margin(self, batch: BatchView) -> float:
+        """How many times plain's expected rate a drafting step must reach (see MIN_GAIN)."""
+        return 1.0 if self.small(batch) else self.min_gain
 
     def observe(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None = None) -> None:
         self.plain_run = self.plain_run + 1 if draft_len == 0 else 0  # every step counts toward the next probe
@@ -297,7 +323,7 @@ class CostBasedDraftLen(DraftLenPolicy):
             return True
         if self.plain_run + 1 >= self.wait and not (self.newcomer_waits and self.small(batch)):
             return True
-        return self.plain_streak < PLAIN_ONLY_AFTER or int(np.argmax(self.expected_rates(batch))) > 0
+        return self.plain_streak < PLAIN_ONLY_AFTER or pick(self.expected_rates(batch), self.margin(batch)) > 0
 
     def keeps_context(self, batch: BatchView) -> list[bool]:
         """A request stops paying for the drafter's context once (1) a probe after a plain run has failed since
