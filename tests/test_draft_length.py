@@ -408,6 +408,7 @@ def test_a_large_batch_drafts_only_where_it_beats_plain_by_the_margin(gain, batc
     rates = policy.expected_rates(view(slots))
     assert rates[K] / rates[0] == pytest.approx(gain) and int(np.argmax(rates)) == K
     assert policy.choose(view(slots)) == (K if drafts else 0)
+    assert policy.describe()["min_gain_above_batch"] == {"min_gain": min_gain, "batch": 4}
     with pytest.raises(ValueError, match="min_gain must be at least 1 .* got 0.9"):
         CostBasedDraftLen(cost, min_gain=0.9)
 

@@ -370,5 +370,6 @@ class CostBasedDraftLen(DraftLenPolicy):
         meta = self.cost.meta if self.cost else {}
         plain, drafting = self.correction.factors()
         return {"policy": self.name, "calibration": {k: meta[k] for k in ("device", "threads") if k in meta},
+                "min_gain_above_batch": {"min_gain": self.min_gain, "batch": self.probe.newcomer_batch},
                 "live_cost_factors": {"plain": plain, "drafting": drafting},
                 "newcomer_probes_backed_off": self.newcomers.describe() if self.newcomers else {}}
