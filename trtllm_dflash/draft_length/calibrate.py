@@ -7,8 +7,9 @@ context) of a small grid. Every cell first steps untimed as often as the step mo
 new shape (`StepMode.settle_calls`: CUDA graphs warm up and record each padded shape on its first two
 calls, which measured 2x a replayed step on an H100 when they were in the samples). Repeats are
 interleaved over draft lengths and contexts, so a machine that gets busier mid-way shifts every draft
-length alike; the median of the repeats is kept and made non-decreasing in the draft length. The model is valid for one device, thread count, torch
-version and engine: that key names the cache file (`ENGINE/calibration/step-cost-<key>.json`).
+length alike; the median of the repeats is kept and made non-decreasing in the draft length. The model
+is valid for one device, thread count, torch version and engine: that key names the cache file
+(`ENGINE/calibration/step-cost-<key>.json`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ and speculative sampling is lossless for any proposal length chosen from the pas
   -> draft length), so a schedule tuned for a TensorRT-LLM deployment can be tried here.
 - `CostBasedDraftLen(cost)`: maximises expected output tokens per second of the running batch from
   a measured step-cost model and live acceptance statistics; it drafts only where drafting is expected
-  to beat a plain step by a margin (MIN_GAIN), and probes now and then (exponentially less often) so it notices when it pays again.
+  to beat a plain step (in a batch of more than 4 requests, by the margin MIN_GAIN), and probes now and
+  then (exponentially less often) so it notices when it pays again.
 """
 
 from __future__ import annotations
