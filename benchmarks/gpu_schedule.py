@@ -75,28 +75,33 @@ def calibrated_schedule(generator, max_batch: int, context: int, tau: float, rep
     generator.allocate(max_batch, context + 2 * BLOCK + 2, BLOCK)
     with torch.inference_mode():
         cost = measure(generator, CalibrationPlan.covering(max_batch, max_draft_len, context, repeats))
-    a = acceptance_for_tau(tau, max_draft_len)
-    rows = choose(cost, a, context, max_draft_len)
-    first = rows[0]["best"]
+    a, rows, schedule = schedule_for(cost, tau, context)
     return {"device": cost.meta["device"], "step_mode": generator.step_mode.mode, "context": context, "tau": tau,
             "acceptance_per_position": a, "cost_model": cost.to_json(), "rows": rows,
-            "schedule": {str(r["batch"]): min(r["best"], first) for r in rows}}
+            "schedule": {str(b): k for b, k in schedule.items()}}
+
+
+def schedule_for(cost, tau: float, context: int) -> tuple[float, list[dict], dict[int, int]]:
+    """-> (per-position acceptance for tau, `choose`'s rows, {batch: draft length}): each batch's best length,
+    capped by the first batch's (TensorRT-LLM's rule)."""
+    max_draft_len = BLOCK - 1
+    a = acceptance_for_tau(tau, max_draft_len)
+    rows = choose(cost, a, context, max_draft_len)
+    return a, rows, {r["batch"]: min(r["best"], rows[0]["best"]) for r in rows}
 
 
 def schedules_for_taus(record: dict, taus: list[float]) -> dict:
-    """A committed record's cost model, re-chosen at each tau: {"source": ..., "taus": [{tau, a, rows, schedule}]}."""
+    """A committed record's cost model, re-chosen at each tau: {"taus": [{tau, acceptance_per_position, schedule,
+    gain_over_plain at the scheduled length}], and where the record was measured}."""
     from trtllm_dflash.draft_length.cost import CostModel
 
     cost = CostModel.from_json(record["cost_model"], "the record's cost_model")
-    max_draft_len = BLOCK - 1
     out = []
     for tau in taus:
-        a = acceptance_for_tau(tau, max_draft_len)
-        rows = choose(cost, a, record["context"], max_draft_len)
-        scheduled = {r["batch"]: min(r["best"], rows[0]["best"]) for r in rows}  # TensorRT-LLM's cap: the first
-        out.append({"tau": tau, "acceptance_per_position": a, "schedule": {str(b): k for b, k in scheduled.items()},
-                    "gain_over_plain": {str(r["batch"]): r["tokens_per_s"][scheduled[r["batch"]]] / r["tokens_per_s"][0]
-                                        for r in rows}})  # at the scheduled draft length
+        a, rows, schedule = schedule_for(cost, tau, record["context"])
+        out.append({"tau": tau, "acceptance_per_position": a, "schedule": {str(b): k for b, k in schedule.items()},
+                    "gain_over_plain": {str(r["batch"]): r["tokens_per_s"][schedule[r["batch"]]] / r["tokens_per_s"][0]
+                                        for r in rows}})
     return {"command": "python " + " ".join(sys.argv), "device": record["device"], "step_mode": record["step_mode"],
             "context": record["context"], "measured_utc": record["date_utc"], "taus": out}
 
