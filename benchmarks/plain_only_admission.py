@@ -1,12 +1,14 @@
 """Offline: a DFlash engine decoding plainly, with and without the drafter's context, against plain decoding.
 
-    python benchmarks/plain_only_admission.py [--repeats 15] [--threads 2] [--batches 1,4]
+    python benchmarks/plain_only_admission.py [--repeats 15] [--threads 2] [--batches 1,4] [--context 1024]
+                                              [--output FILE]
 
-The built-in pair (float32), 1 or 4 requests of 1024-token held-out windows, 128 new tokens, every step plain
-(draft length 0). Three generators, interleaved per repeat: the target alone (plain decoding); the DFlash
-engine admitting the requests with the drafter's context (its prompt context K/V computed at prefill, each
-plain step's deferred); and the DFlash engine admitting them plain-only (no drafter work: what a request
-that dropped its context runs). Prefill and decode wall seconds per repeat; each case's ratio to plain
+The built-in pair (float32), 1 or 4 (--batches) requests of 1024-token (--context) held-out windows, 128 new
+tokens, every step plain (draft length 0). Three generators, interleaved per repeat: the target alone (plain
+decoding); the DFlash engine admitting the requests with the drafter's context (target features captured
+at prefill and every step, their context K/V deferred until a drafter pass reads them: here, none does, so
+this is what a request that ends before drafting again pays); and the DFlash engine admitting them
+plain-only (no drafter work: what a request that dropped its context runs). Prefill and decode wall seconds per repeat; each case's ratio to plain
 decoding per repeat (the three ran back to back), median and quartiles over repeats: on this shared
 machine single runs differ by 10-20 %, so a few percent needs the paired ratios of many repeats.
 Writes benchmarks/results/plain_only_admission.json.
@@ -79,11 +81,15 @@ def measure(spec, plain, prompts, repeats: int) -> list[dict]:
 
 
 def main() -> None:
+    global CONTEXT
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batches", default="1,4")
+    p.add_argument("--context", type=int, default=CONTEXT)
+    p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
+    CONTEXT = args.context
     import torch
 
     from trtllm_dflash.pairs import stdlib_pair
@@ -100,8 +106,8 @@ def main() -> None:
               "machine": {"platform": platform.platform(), "processor": platform.processor(),
                           "threads": args.threads}, "context": CONTEXT, "new_tokens": NEW,
               "repeats": args.repeats, "results": results}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(record, indent=2) + "\n")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(record, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -210,23 +210,22 @@ class PlainOnlyFor(Scripted):
 
 
 class RecordingWrites:
-    """Wraps a proposer: which slots the drafter's context K/V were written or deferred for (`slots`), and the
-    (slot, position) pairs of every row each `commit` wrote (`commits`)."""
+    """Wraps a proposer and records the drafter's context K/V it writes (deferred tokens count once written):
+    the slot of every written token (`slots`), and the (slot, position) pairs of each write (`commits`)."""
 
     def __init__(self, proposer):
         self.inner, self.slots, self.commits = proposer, [], []
+        write = proposer.write
+
+        def recording(slots, features, positions):
+            self.slots += slots.tolist()
+            self.commits.append([(s, p) for s, row in zip(slots.tolist(), positions.tolist()) for p in row])
+            write(slots, features, positions)
+
+        proposer.write = recording
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
-
-    def commit(self, slots, features, positions):
-        self.slots += slots.tolist()
-        self.commits.append([(s, p) for s, row in zip(slots.tolist(), positions.tolist()) for p in row])
-        self.inner.commit(slots, features, positions)
-
-    def defer(self, slots, features, positions):
-        self.slots += slots.tolist()
-        self.inner.defer(slots, features, positions)
 
 
 def capturing(gen) -> list:
@@ -454,6 +453,52 @@ def test_one_request_stops_drafting_while_the_others_draft_on(pair, prompts):
     alone.policy = Scripted(results[0].draft_lengths)
     again = alone.generate([Request(tuple(cut[0]), 32, ignore_eos=True)])[0]
     assert again.acceptance_lengths == results[0].acceptance_lengths
+
+
+class Manual(DraftLenPolicy):
+    """The draft length the test sets (`k`), every step."""
+
+    k = 0
+
+    def choose(self, batch):
+        return self.k
+
+
+def test_deferred_context_of_a_request_that_ends_before_any_drafting_step_is_never_written(pair, prompts):
+    """Plain steps put off the drafter's context K/V until a drafter pass reads it. A request that ends before any
+    drafting step never has its context written, and its slot's next owner gets only its own: no (slot, position)
+    is written twice, and its drafts are accepted exactly as when it decodes alone at the same draft lengths (a
+    stale context would change what the drafter proposes). Outputs are the target's."""
+    from transformers import AutoModelForCausalLM
+
+    gen = load_pipeline(*pair).generator
+    gen.proposer = writes = RecordingWrites(gen.proposer)
+    gen.policy = policy = Manual()
+    gen.allocate(2, 128, gen.block)
+    a, b = gen.admit([Request(tuple(prompts[0][:24]), 6, ignore_eos=True),
+                      Request(tuple(prompts[1][:18]), 16, ignore_eos=True)])
+    moves = []
+    gen.move = lambda seq, dst: moves.append(dst)  # (none: b, in slot 1, ends before c in slot 0)
+    while not a.done:
+        gen.step()
+    assert writes.slots == []  # every step so far was plain: nothing written yet
+    c = gen.admit([Request(tuple(prompts[2][:20]), 64, ignore_eos=True)])[0]  # outlives b: no move to slot 0
+    assert c.slot == 0
+    gen.step()  # a plain step of b and c: deferred
+    policy.k = 15
+    while gen.slots.running:
+        gen.step()
+    written = [pair for commit in writes.commits for pair in commit]
+    assert moves == [] and len(written) == len(set(written))  # nothing of a's under c's positions in slot 0
+    assert {p for s, p in written if s == 0} >= set(range(20))  # c's prompt context, from its prefill
+    oracle = AutoModelForCausalLM.from_pretrained(pair[0]).eval()
+    for seq, prompt in ((b, prompts[1][:18]), (c, prompts[2][:20])):
+        assert seq.result.output_ids == hf_greedy(oracle, prompt, seq.request.max_new_tokens)
+        alone = load_pipeline(*pair).generator
+        alone.policy = Scripted(seq.result.draft_lengths)
+        again = alone.generate([Request(tuple(prompt), seq.request.max_new_tokens, ignore_eos=True)])[0]
+        assert again.acceptance_lengths == seq.result.acceptance_lengths
+    assert max(c.result.acceptance_lengths) > 1  # the drafter's context was real: drafts were accepted
 
 
 def test_a_worker_rank_follows_the_stop_of_drafting(pair, prompts, monkeypatch):

@@ -158,7 +158,7 @@ class ScriptedProposer(Proposer):
     def allocate(self, num_slots, capacity):
         pass
 
-    def commit(self, slots, features, positions):
+    def commit(self, tokens):
         pass
 
     def move(self, src, dst, length):

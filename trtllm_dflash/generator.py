@@ -22,7 +22,7 @@ from .pairing import check_block_size
 from .request import Request, Result
 from .sampling import FIRST, SamplingBatch, SamplingParams, sample, token_probs, uniforms
 from .speculative.accept import accept
-from .speculative.base import Proposer, StepBatch
+from .speculative.base import ContextTokens, Proposer, StepBatch
 from .step_mode import StepMode
 
 
@@ -196,8 +196,10 @@ class Generator:
         sampling = self.sampling(sequences, self.slots.steps[slots])
         self.slots.sampling.write(slots, sampling)  # each step reads its rows' settings from there
         first = self.first_tokens(self.target.logits(last[:, None]), sampling)
-        if drafting:
-            self.proposer.commit(slots, features, positions)
+        if drafting:  # written when a drafter pass first reads them: a request that never drafts never pays
+            keep = positions < lengths[:, None]  # [N, T]: right padding is not context
+            self.proposer.defer(ContextTokens(slots, keep, features, positions, [s.slot for s in sequences],
+                                              [len(s.request.prompt_ids) for s in sequences]))
         self.slots.starts[slots] = lengths
         self.slots.anchors[slots] = first
         self.slots.drafting[slots] = drafting
@@ -240,13 +242,12 @@ class Generator:
 
     def stop_drafting(self, sequences: list[Sequence]) -> None:
         """These requests become plain-only: their plain steps write no drafter context, their rows draft
-        nothing, and they cannot draft again. Once no running request keeps a context, steps capture nothing
-        (plain decoding's ops) and deferred context writes are dropped (they belong to these requests or to
-        finished ones); otherwise deferred writes of theirs stay queued, harmless (past their slot's next
-        owner's committed length, or overwritten by its prefill first)."""
+        nothing, and they cannot draft again; their deferred context is dropped unwritten. Once no running
+        request keeps a context, steps capture nothing (plain decoding's ops)."""
         for seq in sequences:
             seq.drafting = False
             self.slots.drafting[seq.slot] = False  # a device write, no copy from the host
+            self.proposer.release(seq.slot)  # its deferred context is never read
         if not any(seq.drafting for seq in self.slots.running.values()):
             self.proposer.discard()
 
@@ -268,6 +269,8 @@ class Generator:
             k = 0
         if running[-1].slot != n - 1:  # free slots among the running ones
             running = self.compact(running)
+        if k > 0:  # deferred context first, outside the step's time: the policy prices the step, not the catch-up
+            self.proposer.flush()
         self.step_mode.begin_step()
         began = time.perf_counter()
         rows, width = self.padded(n, k)
@@ -303,15 +306,18 @@ class Generator:
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), sampling, lengths)
         if commit is None:
             self.target.commit(self.cache, slots, num_accepted + 1, width)
-        if k == 0 and any(keeping):
-            self.defer_drafting_rows(keeping, slots, self.step_mode.keep(features), positions)
+        if k == 0 and any(keeping):  # the drafter's context of this token, for the rows that keep one
+            self.proposer.defer(ContextTokens(slots, self.slots.drafting[:n, None], self.step_mode.keep(features),
+                                              positions, [s.slot for s in running], [int(d) for d in keeping]))
         self.slots.starts[:n] = starts + num_accepted + 1
         self.slots.anchors[:n] = bonus
         self.slots.steps[:n] += 1
         drafted, accepted, bonuses = self.read_tokens(drafts, num_accepted, bonus)
-        if k > 0:
-            kept = sum(a + 1 for a, d in zip(accepted, keeping) if d)
-            self.commit_kept(slots, features, positions, num_accepted, kept, lengths if mixed else None)
+        if k > 0 and features is not None:  # only the tokens the target kept: the rest of the block was rejected
+            keep = torch.arange(positions.shape[1], device=self.device) <= num_accepted[:, None]  # [B, T]
+            self.proposer.commit(ContextTokens(slots, keep & self.slots.drafting[:n, None], features, positions,
+                                               [s.slot for s in running],
+                                               [a + 1 if d else 0 for a, d in zip(accepted, keeping)]))
         now = time.perf_counter()
         if any(keeping):
             self.policy.timed(n, max_start, k, now - began)
@@ -410,34 +416,10 @@ class Generator:
             own_probs = torch.nn.functional.one_hot(own, self.target.config.vocab_size).float()
         return drafts, own_probs.new_zeros((len(batch.anchors), *own_probs.shape[1:])).index_copy_(0, index, own_probs)
 
-    def commit_kept(self, slots, features, positions, num_accepted, kept: int, lengths=None) -> None:
-        """The drafter's context from a drafting step: only the tokens the target kept (each row's anchor and
-        accepted drafts, `kept` in all, counted on the host), as [N, 1] rows. The rest of the block was
-        rejected: its context K/V would be overwritten before any drafter pass read it, and computing them
-        cost the step (k + 1 tokens per row where about tau are kept). lengths: [B] each row's own draft
-        length when plain-only rows ran in the step (length 0): the drafter keeps no context for those."""
-        b, t = positions.shape
-        if features is None or kept == b * t:
-            return self.proposer.commit(slots, features, positions)
-        keep = torch.arange(t, device=self.device)[None, :] <= num_accepted[:, None]  # [B, T]
-        if lengths is not None:
-            keep &= (lengths > 0)[:, None]
-        index = torch.nonzero_static(keep.reshape(-1), size=kept)[:, 0]  # [N] row-major, no device sync
-        self.proposer.commit(slots.repeat_interleave(t)[index], features.reshape(b * t, 1, -1)[index],
-                             positions.reshape(-1, 1)[index])
-
     def drafting_rows(self, keeping: list[bool]) -> torch.Tensor:
         """[D] the rows of the requests that keep the drafter's context, which are their slots (rows 0..B-1 hold
         slots 0..B-1); D counted on the host, so no device sync."""
         return torch.nonzero_static(self.slots.drafting[: len(keeping)], size=sum(keeping))[:, 0]
-
-    def defer_drafting_rows(self, keeping: list[bool], slots, features, positions) -> None:
-        """A plain step's drafter context for the rows that keep one (some do: the step captured features), all
-        rows when no plain-only request runs: no gather then."""
-        if all(keeping):
-            return self.proposer.defer(slots, features, positions)
-        index = self.drafting_rows(keeping)
-        self.proposer.defer(slots[index], features[index], positions[index])
 
     def hold(self, sequences: list[Sequence], length: int) -> None:
         """Pin sequences at committed length `length` with no output yet. For calibration: a step then
@@ -485,3 +467,4 @@ class Generator:
         write, no sync)."""
         del self.slots.running[slot]
         self.slots.starts[slot] = 0
+        self.proposer.release(slot)

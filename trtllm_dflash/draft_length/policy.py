@@ -332,9 +332,11 @@ class CostBasedDraftLen(DraftLenPolicy):
         no for the batch, (2) it has drafted in at least two steps of its own (the built-in drafter's first
         draft is a coin flip, and acceptance differs far more between requests than between contexts), and
         (3) by its own acceptance estimate no draft length would pay even if it decoded alone (the cheapest a
-        drafting step gets: a request that would draft alone may yet draft when the batch shrinks). Its
-        context cost each plain step about 3 % on the built-in pair at 1024 tokens (the context K/V projection
-        is about 6 % of the target's FLOPs per token there; for Qwen3-8B with a 5-layer drafter about 2 %).
+        drafting step gets: a request that would draft alone may yet draft when the batch shrinks). Keeping
+        its context costs a plain step the captured features it holds; the context K/V of its tokens are
+        written at the next drafting step (deferred, speculative/dflash.py), so dropping it saves that
+        catch-up and its target features' capture (the context K/V projection is about 6 % of the built-in
+        target's FLOPs per token; for Qwen3-8B with a 5-layer drafter about 2 %).
         Any batch: a plain-only request no longer holds the others' drafting back (its row verifies padding
         in their drafting steps; before per-row draft lengths, served at concurrency 4 on snippets, stopping
         at any batch made the DFlash server run 57 % of its steps plain instead of about 30 %)."""

@@ -12,7 +12,7 @@ class AutoregressiveProposer(Proposer):
     def allocate(self, num_slots: int, capacity: int) -> None:
         pass
 
-    def commit(self, slots, features, positions) -> None:
+    def commit(self, tokens) -> None:
         pass
 
     def move(self, src: int, dst: int, length: int) -> None:

@@ -30,6 +30,33 @@ class StepBatch:
         return span if self.shapes is None else self.shapes.span(span)
 
 
+@dataclass
+class ContextTokens:
+    """Captured target states of tokens the target just ran, for a proposer's context: `keep` marks the tokens the
+    target kept (not rejected drafts, prompt padding or a plain-only row's). The host lists mirror the device
+    tensors, so selecting the kept tokens needs no device sync and no tensor built from host data."""
+
+    slots: torch.Tensor  # [B] long: each row's cache slot
+    keep: torch.Tensor  # [B, T] bool
+    features: torch.Tensor  # [B, T, F]
+    positions: torch.Tensor  # [B, T] long
+    slot_ids: list[int]  # [B] host: slots
+    counts: list[int]  # [B] host: keep's row sums
+
+    def kept(self, rows: torch.Tensor | None = None, counts: list[int] | None = None):
+        """-> the kept tokens' slots [N], features [N, F], positions [N] (row-major); rows: [B] bool, only these
+        rows' (then `counts` are the kept rows' counts, 0 for the others)."""
+        b, t = self.positions.shape
+        n = sum(self.counts if counts is None else counts)
+        slots = self.slots[:, None].expand(b, t).reshape(-1)
+        features, positions = self.features.reshape(b * t, -1), self.positions.reshape(-1)
+        if n == b * t:
+            return slots, features, positions
+        keep = self.keep if rows is None else self.keep & rows[:, None]
+        index = torch.nonzero_static(keep.reshape(-1), size=n)[:, 0]  # [N], sized on the host: no sync
+        return slots[index], features[index], positions[index]
+
+
 class Proposer(ABC):
     #: target decoder layers whose outputs the method needs (id i = output of layer i)
     capture_layer_ids: tuple[int, ...] = ()
@@ -41,17 +68,21 @@ class Proposer(ABC):
         """Set up per-slot state for `num_slots` sequences of at most `capacity` positions."""
 
     @abstractmethod
-    def commit(self, slots: torch.Tensor, features: torch.Tensor | None, positions: torch.Tensor) -> None:
-        """Take the captured target states of tokens the target just ran.
+    def commit(self, tokens: ContextTokens) -> None:
+        """Take the captured target states of tokens the target kept, now (after any deferred ones)."""
 
-        features: [B, T, F] or None; positions: [B, T]. Rows past a sequence's committed length
-        may be included; they lie beyond its context and are overwritten before they are used.
-        """
+    def defer(self, tokens: ContextTokens) -> None:
+        """`commit`, which the method may put off until a `propose` reads the context (or `flush`): a request that
+        ends or stops drafting first (`release`) never pays for it. `tokens.features` must stay valid until
+        then (a fresh tensor, not graph memory)."""
+        self.commit(tokens)
 
-    def defer(self, slots: torch.Tensor, features: torch.Tensor | None, positions: torch.Tensor) -> None:
-        """`commit` for a plain step's tokens (T = 1), which the method may write later, batched: before
-        its next `propose` or `commit`, so every write still lands in the order the tokens ran."""
-        self.commit(slots, features, positions)
+    def flush(self) -> None:
+        """Write every deferred token now (a step's timing then leaves the catch-up out)."""
+
+    def release(self, slot: int) -> None:
+        """The request in `slot` ended or stopped drafting: its deferred tokens are never read, and the slot's next
+        owner writes its own."""
 
     def set_step_mode(self, mode: StepMode) -> None:
         """How the method's own passes run (step_mode.py); methods without a model ignore it."""
@@ -65,7 +96,7 @@ class Proposer(ABC):
         """The request in slot src moves to slot dst (free); its state covers positions 0..length-1."""
 
     def discard(self) -> None:
-        """Drop deferred `defer` writes: no running request will draft again (their context is never read)."""
+        """Drop every deferred token: no running request will draft again (their context is never read)."""
 
     @abstractmethod
     def propose(self, batch: StepBatch, num_drafts: int) -> tuple[torch.Tensor, torch.Tensor | None]:

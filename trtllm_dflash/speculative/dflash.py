@@ -11,15 +11,17 @@ from ..models.target import TargetModel
 from ..plugins.context_kv import context_kv_weights
 from ..plugins.context_kv.op import write_context_kv
 from ..sampling import PROPOSE, sample, token_probs, uniforms
-from .base import Proposer, StepBatch
+from .base import ContextTokens, Proposer, StepBatch
 
 CONTEXT_KV_PATHS = ("op", "triton", "unfused")
-# Plain steps whose context K/V wait to be written together. A plain step (draft length 0) needs no
-# drafter, but its token's context K/V must exist before the next drafting step: written one step at
-# a time they cost a plain step of the built-in pair on CPU about 9 % (0.57 ms of 6.4 ms, batch 1),
-# written 16 steps at once about 0.06 ms per step. So a DFlash engine decoding plainly (draft length
-# chosen 0) stays near plain decoding's speed.
-PENDING_STEPS = 16
+# Deferred context tokens held before they are written anyway (features are F = captured layers x hidden values
+# per token: 3 KB for the built-in pair in float32, 40 KB for Qwen3-8B's 5 captured layers in bf16, where this
+# is about 6,500 tokens). A plain step (draft length 0) needs no drafter, but its tokens' context K/V must
+# exist before the next drafting step reads them. Written one step at a time they cost a plain step of the
+# built-in pair on CPU about 9 % (0.57 ms of 6.4 ms, batch 1); written 16 steps at once about 3 % at batch 16
+# (benchmarks/deferred_context.py). Written only when a drafter pass reads them, a request that ends or stops
+# drafting first never pays for them: in a large batch held to plain steps that is most of its tokens.
+PENDING_BYTES = 256 << 20
 
 
 class DFlashProposer(Proposer):
@@ -44,11 +46,16 @@ class DFlashProposer(Proposer):
         self.stacked = context_kv_weights(drafter) if self.context_kv != "unfused" else None
         self.cache: KVCache | None = None
         self.draft_pass = drafter  # the drafter's cached pass: the module, or compiled (set_step_mode)
-        self.pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []  # deferred (slots, features, positions)
+        # deferred tokens, with their rows' slot epochs when deferred (host list, and [B] on the device)
+        self.pending: list[tuple[ContextTokens, list[int], torch.Tensor]] = []
+        self.pending_bytes = 0
+        self.epochs: list[int] = []  # [S] host: bumped when a slot's owner ends or stops drafting
+        self.device_epochs: torch.Tensor | None = None  # [S] long: the same on the device
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         self.cache = self.drafter.new_cache(num_slots, capacity)
-        self.pending = []
+        self.pending, self.pending_bytes, self.epochs = [], 0, [0] * num_slots
+        self.device_epochs = torch.zeros(num_slots, dtype=torch.long, device=self.cache.k.device)
 
     def set_step_mode(self, mode) -> None:
         self.draft_pass = mode.compile(self.drafter)
@@ -56,32 +63,52 @@ class DFlashProposer(Proposer):
     def tensors(self):
         return self.cache.tensors()
 
-    def commit(self, slots, features, positions) -> None:
-        self.flush()
-        self.write(slots, features, positions)
+    def commit(self, tokens: ContextTokens) -> None:
+        self.flush()  # earlier tokens first: a slot's position is written in the order its tokens ran
+        self.write_tokens([tokens.kept()])
 
-    def defer(self, slots, features, positions) -> None:
-        # features is a fresh tensor of this step's forward (eager mode), safe to keep until the flush
-        self.pending.append((slots, features, positions))
-        if len(self.pending) >= PENDING_STEPS:
+    def defer(self, tokens: ContextTokens) -> None:
+        # tokens.features: a fresh tensor of the pass (eager, or copied out of graph memory), safe to keep
+        self.pending.append((tokens, [self.epochs[s] for s in tokens.slot_ids], self.device_epochs[tokens.slots]))
+        self.pending_bytes += tokens.features.numel() * tokens.features.element_size()
+        if self.pending_bytes >= PENDING_BYTES:
             self.flush()
 
+    def release(self, slot: int) -> None:
+        self.epochs[slot] += 1  # its deferred tokens are dropped at the flush
+        self.device_epochs[slot] += 1
+
     def discard(self) -> None:
-        self.pending = []
+        self.pending, self.pending_bytes = [], 0
 
     def move(self, src: int, dst: int, length: int) -> None:
-        self.flush()  # deferred writes name the old slot
+        self.flush()  # deferred tokens name the old slot
         self.cache.move(src, dst, length)
 
     def flush(self) -> None:
-        """Write the deferred plain steps' context K/V as one batch of N = sum of their rows tokens."""
+        """Write the deferred tokens of requests that still keep the drafter's context, as one batch of N tokens."""
         if not self.pending:
             return
-        pending, self.pending = self.pending, []
-        slots = torch.cat([s[:, None].expand(p.shape).reshape(-1) for s, _, p in pending])  # [N]
-        features = torch.cat([f.reshape(-1, 1, f.shape[-1]) for _, f, _ in pending])  # [N, 1, F]
-        positions = torch.cat([p.reshape(-1, 1) for _, _, p in pending])  # [N, 1]
-        self.write(slots, features, positions)
+        pending = self.pending
+        self.discard()
+        self.write_tokens([kept for kept in (self.current(*entry) for entry in pending) if kept is not None])
+
+    def write_tokens(self, kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """kept: (slots [N], features [N, F], positions [N]) parts, written as one batch of their tokens."""
+        if kept:
+            slots, features, positions = (torch.cat(parts) if len(kept) > 1 else parts[0] for parts in zip(*kept))
+            self.write(slots, features[:, None], positions[:, None])
+
+    def current(self, tokens: ContextTokens, epochs: list[int], device_epochs: torch.Tensor):
+        """-> `tokens`' kept tokens (ContextTokens.kept) less those of rows whose slot has been released since they
+        were deferred; None when none is left."""
+        current = [self.epochs[s] == e for s, e in zip(tokens.slot_ids, epochs)]
+        if all(current):
+            return tokens.kept()
+        counts = [c if ok else 0 for c, ok in zip(tokens.counts, current)]
+        if not any(counts):
+            return None
+        return tokens.kept(self.device_epochs[tokens.slots] == device_epochs, counts)
 
     def write(self, slots, features, positions) -> None:
         """Context K/V of tokens at positions [B, T] of rows in cache slots [B], from features [B, T, F]."""
