@@ -27,6 +27,8 @@ server's acceptance statistics and newcomer back-off have data; a fresh server's
 prompt length probe the drafter), not its first requests. 0 (the default) times a fresh server's first ones.
 --contexts: which prompt sets run (default both; `--contexts 1024` runs only the 1024-token points, and warms
 up on them only).
+--control: the "dflash" server serves plain decoding too, so the ratio compares two equal servers: what this
+machine's spread makes of parity.
 Writes benchmarks/results/serve_dflash_vs_plain.json (or --output) and prints a table last.
 """
 
@@ -166,7 +168,8 @@ def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
     servers = {}
     try:
         for decoding in names:
-            servers[decoding] = serve(engine, root, decoding, args.draft_len, args.threads)
+            served = "plain" if args.control else decoding  # --control: plain decoding under both names
+            servers[decoding] = serve(engine, root, served, args.draft_len, args.threads, name=decoding)
         for proc, ends in servers.values():  # warm-up
             post(f"{ends.http_url}/v2/models/m/generate",
                  {"text_input": next(iter(prompts.values()))[0], "sampling_param_max_tokens": 8})
@@ -222,6 +225,8 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=0, help="untimed requests of each context per server before timing")
     p.add_argument("--contexts", default=",".join(CONTEXTS), help="prompt sets to run, of " + ",".join(CONTEXTS))
     p.add_argument("--quick", action="store_true", help="16 prompts per context (a smoke run)")
+    p.add_argument("--control", action="store_true",
+                   help="serve plain decoding in the 'dflash' server too: what the ratio reads between equal servers")
     p.add_argument("--output", default=str(OUT))
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -254,6 +259,7 @@ def main() -> None:
                           "load_average_at_end": os.getloadavg()},
               "engine": "built-in stdlib pair, torch backend, float32, TP 1, block 16, max_batch_size "
                         f"{max(args.concurrency)}", "new_tokens": NEW_TOKENS, "draft_len": args.draft_len,
+              "control": args.control,
               "calibration": {"seconds_grid": cost.seconds, "batch_sizes": cost.batch_sizes,
                               "draft_lens": cost.draft_lens, "contexts": cost.contexts, "meta": cost.meta},
               "table": table, "rows": rows, "server_log_tails": logs}

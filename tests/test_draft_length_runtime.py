@@ -501,6 +501,40 @@ def test_deferred_context_of_a_request_that_ends_before_any_drafting_step_is_nev
     assert max(c.result.acceptance_lengths) > 1  # the drafter's context was real: drafts were accepted
 
 
+def test_a_drafting_step_writes_the_prompts_deferred_context_before_its_timer_and_the_plain_steps_within(
+        pair, prompts, monkeypatch):
+    """Before a drafting step the prompts' deferred context is written outside the step's time (admission's cost,
+    which no step model prices); the plain steps' deferred context is part of the drafting step that needs it."""
+    import time
+
+    import trtllm_dflash.generator as generator_module
+
+    gen = load_pipeline(*pair).generator
+    gen.proposer = writes = RecordingWrites(gen.proposer)
+    gen.policy = policy = Manual()
+    gen.allocate(2, 96, gen.block)
+    gen.admit([Request(tuple(prompts[0][:12]), 20, ignore_eos=True)])
+    gen.step()
+    gen.step()  # two plain steps: positions 12 and 13 deferred
+    assert writes.commits == []
+    gen.proposer.flush(prompts_only=True)
+    assert writes.commits == [[(0, p) for p in range(12)]]  # the prompt only
+    gen.admit([Request(tuple(prompts[1][:9]), 20, ignore_eos=True)])
+    clock = []  # writes made before each clock read of the step (the first: its start)
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            clock.append(len(writes.commits))
+            return time.perf_counter()
+
+    monkeypatch.setattr(generator_module, "time", Clock)
+    policy.k = 3
+    gen.step()
+    assert writes.commits[1] == [(1, p) for p in range(9)]  # slot 1's prompt, before the step's timer
+    assert clock[0] == 2 and sorted(writes.commits[2]) == [(0, 12), (0, 13)]  # slot 0's plain steps, in the step
+
+
 def test_a_worker_rank_follows_the_stop_of_drafting(pair, prompts, monkeypatch):
     """Tensor parallel: rank 0's generator sends the stop with the slots, and a worker replaying rank 0's messages
     ends in the same state with the same output (its steps capture nothing from then on either)."""

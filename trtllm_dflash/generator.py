@@ -199,7 +199,7 @@ class Generator:
         if drafting:  # written when a drafter pass first reads them: a request that never drafts never pays
             keep = positions < lengths[:, None]  # [N, T]: right padding is not context
             self.proposer.defer(ContextTokens(slots, keep, features, positions, [s.slot for s in sequences],
-                                              [len(s.request.prompt_ids) for s in sequences]))
+                                              [len(s.request.prompt_ids) for s in sequences], prompt=True))
         self.slots.starts[slots] = lengths
         self.slots.anchors[slots] = first
         self.slots.drafting[slots] = drafting
@@ -269,8 +269,8 @@ class Generator:
             k = 0
         if running[-1].slot != n - 1:  # free slots among the running ones
             running = self.compact(running)
-        if k > 0:  # deferred context first, outside the step's time: the policy prices the step, not the catch-up
-            self.proposer.flush()
+        if k > 0:  # the prompts' deferred context, outside the step's time: admission's cost, which no step model
+            self.proposer.flush(prompts_only=True)  # prices; the plain steps' is this drafting step's, timed with it
         self.step_mode.begin_step()
         began = time.perf_counter()
         rows, width = self.padded(n, k)

@@ -3,9 +3,10 @@
 A request admitted into a small batch drafts at its first step (`ProbeSettings.newcomer_batch`): acceptance
 differs far more between requests than between estimates of one context's rates, so one hard request must not
 stop the next, easy one from drafting. But where every request of a context bucket fails, each newcomer's probe
-is pure cost: the drafter's context for its prompt (a 1024-token prefill of the built-in pair at 1.10x plain's,
-benchmarks/plain_only_admission.py), its drafting steps, and the context's upkeep until it is dropped
-(benchmarks/newcomer_backoff.py measures what backing off gains). So the outcome of each request that drafted enough to judge (`OWN_PROBES` own steps) is
+is pure cost: the drafter's context for its prompt (written at its first drafting step: about a tenth of a
+1024-token prefill of the built-in pair, benchmarks/plain_only_admission.py), its drafting steps, and the context
+of its plain steps written at each later drafting step until it is dropped (benchmarks/newcomer_backoff.py
+measures what backing off gains). So the outcome of each request that drafted enough to judge (`OWN_PROBES` own steps) is
 kept per bucket of its prompt's length: paid (by its own estimate some draft length beats a plain step even
 alone) or failed (it stopped keeping the drafter's context, or ended without paying). After n >= 2 failures in
 a row, one newcomer of that bucket in 2^(n-1) probes, at most one in `longest`; one that pays restarts it.

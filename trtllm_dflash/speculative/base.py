@@ -42,6 +42,7 @@ class ContextTokens:
     positions: torch.Tensor  # [B, T] long
     slot_ids: list[int]  # [B] host: slots
     counts: list[int]  # [B] host: keep's row sums
+    prompt: bool = False  # a prefill's tokens (else a step's)
 
     def kept(self, rows: torch.Tensor | None = None, counts: list[int] | None = None):
         """-> the kept tokens' slots [N], features [N, F], positions [N] (row-major); rows: [B] bool, only these
@@ -77,8 +78,8 @@ class Proposer(ABC):
         then (a fresh tensor, not graph memory)."""
         self.commit(tokens)
 
-    def flush(self) -> None:
-        """Write every deferred token now (a step's timing then leaves the catch-up out)."""
+    def flush(self, prompts_only: bool = False) -> None:
+        """Write the deferred tokens now: every one, or only the prompts' (`ContextTokens.prompt`)."""
 
     def release(self, slot: int) -> None:
         """The request in `slot` ended or stopped drafting: its deferred tokens are never read, and the slot's next

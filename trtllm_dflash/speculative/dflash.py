@@ -14,14 +14,19 @@ from ..sampling import PROPOSE, sample, token_probs, uniforms
 from .base import ContextTokens, Proposer, StepBatch
 
 CONTEXT_KV_PATHS = ("op", "triton", "unfused")
-# Deferred context tokens held before they are written anyway (features are F = captured layers x hidden values
+# Bytes of deferred context features held before they are written anyway (F = captured layers x hidden values
 # per token: 3 KB for the built-in pair in float32, 40 KB for Qwen3-8B's 5 captured layers in bf16, where this
 # is about 6,500 tokens). A plain step (draft length 0) needs no drafter, but its tokens' context K/V must
-# exist before the next drafting step reads them. Written one step at a time they cost a plain step of the
-# built-in pair on CPU about 9 % (0.57 ms of 6.4 ms, batch 1); written 16 steps at once about 3 % at batch 16
-# (benchmarks/deferred_context.py). Written only when a drafter pass reads them, a request that ends or stops
-# drafting first never pays for them: in a large batch held to plain steps that is most of its tokens.
+# exist before the next drafting step reads them. Written every step they cost a plain step of the built-in
+# pair on CPU about 9 % (batch 1), written 16 steps at once 3-4 % (batch 1 to 16, and a prompt's at prefill
+# 10 % of a 1024-token prefill). Written only when a drafter pass reads them, a request that ends or stops
+# drafting first never pays them: in a batch held to plain steps that is most of its tokens (keeping the
+# context then cost 1.00-1.02x plain decoding, benchmarks/plain_only_admission.py).
 PENDING_BYTES = 256 << 20
+
+
+def nbytes(tokens: ContextTokens) -> int:
+    return tokens.features.numel() * tokens.features.element_size()
 
 
 class DFlashProposer(Proposer):
@@ -70,7 +75,7 @@ class DFlashProposer(Proposer):
     def defer(self, tokens: ContextTokens) -> None:
         # tokens.features: a fresh tensor of the pass (eager, or copied out of graph memory), safe to keep
         self.pending.append((tokens, [self.epochs[s] for s in tokens.slot_ids], self.device_epochs[tokens.slots]))
-        self.pending_bytes += tokens.features.numel() * tokens.features.element_size()
+        self.pending_bytes += nbytes(tokens)
         if self.pending_bytes >= PENDING_BYTES:
             self.flush()
 
@@ -85,12 +90,17 @@ class DFlashProposer(Proposer):
         self.flush()  # deferred tokens name the old slot
         self.cache.move(src, dst, length)
 
-    def flush(self) -> None:
-        """Write the deferred tokens of requests that still keep the drafter's context, as one batch of N tokens."""
-        if not self.pending:
+    def flush(self, prompts_only: bool = False) -> None:
+        """Write the deferred tokens (every one, or the prompts') of requests that still keep the drafter's context,
+        as one batch of N tokens. Any order is right: a slot's owner writes each of its positions once."""
+        pending = [entry for entry in self.pending if entry[0].prompt or not prompts_only]
+        if not pending:
             return
-        pending = self.pending
-        self.discard()
+        if prompts_only:
+            self.pending = [entry for entry in self.pending if not entry[0].prompt]
+            self.pending_bytes = sum(nbytes(tokens) for tokens, _, _ in self.pending)
+        else:
+            self.discard()
         self.write_tokens([kept for kept in (self.current(*entry) for entry in pending) if kept is not None])
 
     def write_tokens(self, kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
