@@ -450,6 +450,30 @@ def test_probes_back_off_exponentially_and_recover_when_drafting_pays_again():
     assert policy.choose(view([0])) > 3
 
 
+@pytest.mark.parametrize("affordable", [1, 2])
+def test_a_large_batch_probes_with_drafts_it_can_afford(affordable):
+    """A probe after a plain run drafts the least bad length, but in a batch of more than newcomer_batch requests
+    only among the lengths whose step costs at most large_batch_cost plain steps (one draft when none does): its
+    verify costs every row k + 1 tokens. Here drafting loses at every length and loses least at about 5 drafts:
+    a batch of 4 probes with that, one of 16 with the least bad of the affordable 1 or 2."""
+    cost = linear_cost(plain=1.0, per_draft=0.01, draft_overhead=0.9)  # k drafts: 1.9 + 0.01 k plain steps
+    probe = ProbeSettings(first=4, large_batch_cost=1.9 + 0.01 * affordable + 1e-9)
+    for batch in (4, 16):
+        policy = prepared(cost, probe=probe)
+        slots = list(range(batch))
+        feed(policy.acceptance, slots, 0.4, steps=60)
+        choices = []
+        for _ in range(8):
+            k = policy.choose(view(slots))
+            choices.append(k)
+            policy.observe(slots, k, [0] * batch)
+        rates = policy.last_rates  # at the probe
+        least_bad = 1 + int(np.argmax(rates[1:]))
+        assert rates[0] > rates[1:].max() and least_bad > 2  # plain best; a longer draft the least bad
+        expected = least_bad if batch == 4 else 1 + int(np.argmax(rates[1:affordable + 1]))
+        assert [k for k in choices if k] == [expected] and expected <= (K if batch == 4 else affordable)
+
+
 def simulate(policy: CostBasedDraftLen, alphas, seconds: list[float], steps=300, seed=0) -> float:
     """Closed loop with Bernoulli acceptance at one batch and context; -> tokens per scripted second.
     alphas[b]: request b's acceptance rate, or its conditional rate at each draft position."""
