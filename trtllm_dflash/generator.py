@@ -307,8 +307,10 @@ class Generator:
         if commit is None:
             self.target.commit(self.cache, slots, num_accepted + 1, width)
         if k == 0 and any(keeping):  # the drafter's context of this token, for the rows that keep one
-            self.proposer.defer(ContextTokens(slots, self.slots.drafting[:n, None], self.step_mode.keep(features),
-                                              positions, [s.slot for s in running], [int(d) for d in keeping]))
+            keep = self.slots.drafting[:n, None]  # read only when some row is plain-only: then a snapshot
+            self.proposer.defer(ContextTokens(slots, keep if all(keeping) else keep.clone(),
+                                              self.step_mode.keep(features), positions, [s.slot for s in running],
+                                              [int(d) for d in keeping]))
         self.slots.starts[:n] = starts + num_accepted + 1
         self.slots.anchors[:n] = bonus
         self.slots.steps[:n] += 1

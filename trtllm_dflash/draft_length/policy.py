@@ -225,7 +225,7 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
-        seconds = self.correction.apply(self.step_table(len(batch.slots), batch.context, batch.max_draft_len))
+        seconds = self.step_seconds(batch)
         tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
         if batch.drafting is not None and not all(batch.drafting):
             tokens = np.where(np.asarray(batch.drafting)[:, None], tokens, 1.0)
@@ -254,7 +254,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         ones (ProbeSettings.large_batch_cost)."""
         if self.small(batch):
             return 1 + int(np.argmax(rates[1:]))
-        seconds = self.correction.apply(self.step_table(len(batch.slots), batch.context, batch.max_draft_len))
+        seconds = self.step_seconds(batch)
         affordable = max(1, int(np.sum(seconds[1:len(rates)] <= self.probe.large_batch_cost * seconds[0])))
         return 1 + int(np.argmax(rates[1:affordable + 1]))  # seconds grow with k: the affordable ones come first
 
@@ -313,6 +313,10 @@ class CostBasedDraftLen(DraftLenPolicy):
         # the table `choose` read for this step (one per batch size, not one per draft length)
         predicted = self.step_table(rows, context, self.acceptance.max_draft_len)
         self.correction.observe(draft_len, seconds, float(predicted[min(draft_len, len(predicted) - 1)]))
+
+    def step_seconds(self, batch: BatchView) -> np.ndarray:
+        """[K + 1] the batch's step seconds at draft length 0..K: calibrated, corrected by what steps measure."""
+        return self.correction.apply(self.step_table(len(batch.slots), batch.context, batch.max_draft_len))
 
     def step_table(self, rows: int, context: int, max_draft_len: int) -> np.ndarray:
         """[K + 1] calibrated seconds at draft length 0..K, at the context rounded down to CONTEXT_STEP tokens

@@ -44,17 +44,15 @@ class ContextTokens:
     counts: list[int]  # [B] host: keep's row sums
     prompt: bool = False  # a prefill's tokens (else a step's)
 
-    def kept(self, rows: torch.Tensor | None = None, counts: list[int] | None = None):
-        """-> the kept tokens' slots [N], features [N, F], positions [N] (row-major); rows: [B] bool, only these
-        rows' (then `counts` are the kept rows' counts, 0 for the others)."""
+    def kept(self):
+        """-> the kept tokens' slots [N], features [N, F], positions [N] (row-major)."""
         b, t = self.positions.shape
-        n = sum(self.counts if counts is None else counts)
+        n = sum(self.counts)
         slots = self.slots[:, None].expand(b, t).reshape(-1)
         features, positions = self.features.reshape(b * t, -1), self.positions.reshape(-1)
         if n == b * t:
             return slots, features, positions
-        keep = self.keep if rows is None else self.keep & rows[:, None]
-        index = torch.nonzero_static(keep.reshape(-1), size=n)[:, 0]  # [N], sized on the host: no sync
+        index = torch.nonzero_static(self.keep.reshape(-1), size=n)[:, 0]  # [N], sized on the host: no sync
         return slots[index], features[index], positions[index]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from ..kv_cache import KVCache
@@ -51,16 +53,13 @@ class DFlashProposer(Proposer):
         self.stacked = context_kv_weights(drafter) if self.context_kv != "unfused" else None
         self.cache: KVCache | None = None
         self.draft_pass = drafter  # the drafter's cached pass: the module, or compiled (set_step_mode)
-        # deferred tokens, with their rows' slot epochs when deferred (host list, and [B] on the device)
-        self.pending: list[tuple[ContextTokens, list[int], torch.Tensor]] = []
+        self.pending: list[tuple[ContextTokens, list[int]]] = []  # deferred tokens, and their rows' slot epochs
         self.pending_bytes = 0
-        self.epochs: list[int] = []  # [S] host: bumped when a slot's owner ends or stops drafting
-        self.device_epochs: torch.Tensor | None = None  # [S] long: the same on the device
+        self.epochs: list[int] = []  # [S] bumped when a slot's owner ends or stops drafting
 
     def allocate(self, num_slots: int, capacity: int) -> None:
         self.cache = self.drafter.new_cache(num_slots, capacity)
         self.pending, self.pending_bytes, self.epochs = [], 0, [0] * num_slots
-        self.device_epochs = torch.zeros(num_slots, dtype=torch.long, device=self.cache.k.device)
 
     def set_step_mode(self, mode) -> None:
         self.draft_pass = mode.compile(self.drafter)
@@ -74,14 +73,13 @@ class DFlashProposer(Proposer):
 
     def defer(self, tokens: ContextTokens) -> None:
         # tokens.features: a fresh tensor of the pass (eager, or copied out of graph memory), safe to keep
-        self.pending.append((tokens, [self.epochs[s] for s in tokens.slot_ids], self.device_epochs[tokens.slots]))
+        self.pending.append((tokens, [self.epochs[s] for s in tokens.slot_ids]))
         self.pending_bytes += nbytes(tokens)
         if self.pending_bytes >= PENDING_BYTES:
             self.flush()
 
     def release(self, slot: int) -> None:
         self.epochs[slot] += 1  # its deferred tokens are dropped at the flush
-        self.device_epochs[slot] += 1
 
     def discard(self) -> None:
         self.pending, self.pending_bytes = [], 0
@@ -98,10 +96,10 @@ class DFlashProposer(Proposer):
             return
         if prompts_only:
             self.pending = [entry for entry in self.pending if not entry[0].prompt]
-            self.pending_bytes = sum(nbytes(tokens) for tokens, _, _ in self.pending)
+            self.pending_bytes = sum(nbytes(tokens) for tokens, _ in self.pending)
         else:
             self.discard()
-        self.write_tokens([kept for kept in (self.current(*entry) for entry in pending) if kept is not None])
+        self.write_tokens([tokens.kept() for tokens in (self.current(*entry) for entry in pending) if tokens is not None])
 
     def write_tokens(self, kept: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         """kept: (slots [N], features [N, F], positions [N]) parts, written as one batch of their tokens."""
@@ -109,16 +107,17 @@ class DFlashProposer(Proposer):
             slots, features, positions = (torch.cat(parts) if len(kept) > 1 else parts[0] for parts in zip(*kept))
             self.write(slots, features[:, None], positions[:, None])
 
-    def current(self, tokens: ContextTokens, epochs: list[int], device_epochs: torch.Tensor):
-        """-> `tokens`' kept tokens (ContextTokens.kept) less those of rows whose slot has been released since they
-        were deferred; None when none is left."""
-        current = [self.epochs[s] == e for s, e in zip(tokens.slot_ids, epochs)]
-        if all(current):
-            return tokens.kept()
-        counts = [c if ok else 0 for c, ok in zip(tokens.counts, current)]
-        if not any(counts):
-            return None
-        return tokens.kept(self.device_epochs[tokens.slots] == device_epochs, counts)
+    def current(self, tokens: ContextTokens, epochs: list[int]) -> ContextTokens | None:
+        """`tokens` less the rows whose slot has been released since they were deferred (their keep cleared row by
+        row: a few device writes, no tensor from host data); None when no token is left."""
+        stale = [i for i, (s, e) in enumerate(zip(tokens.slot_ids, epochs)) if self.epochs[s] != e]
+        if not stale:
+            return tokens
+        counts, keep = list(tokens.counts), tokens.keep.clone()
+        for i in stale:
+            counts[i] = 0
+            keep[i] = False
+        return replace(tokens, keep=keep, counts=counts) if any(counts) else None
 
     def write(self, slots, features, positions) -> None:
         """Context K/V of tokens at positions [B, T] of rows in cache slots [B], from features [B, T, F]."""
