@@ -333,15 +333,21 @@ class CostBasedDraftLen(DraftLenPolicy):
         the drafter's context K/V would be computed for drafts that will not run. The streak keeps a batch that
         alternates plain and drafting steps drafting. A batch of plain-only requests alone probes nothing: once a
         probe is due, newcomers keep their drafter context again (else a server at concurrency 1, whose every
-        request arrives alone, would never draft again after one failed probe), unless they are newcomers whose
-        prompt-length bucket waits for its turn to probe (newcomers.py): that turn is their probe, and a due
-        probe of the policy's own would hand them the context's upkeep for a single drafting step (too few to
-        judge them by, so they kept the context to the end)."""
+        request arrives alone, would never draft again after one failed probe).
+        Newcomers whose prompt-length bucket waits for its turn to probe (newcomers.py: its last requests failed
+        in a row) are plain-only whatever the estimates say: their turn is their probe. The bucket's rates
+        overstate a newcomer's: an easy request drafts for many steps and adds most of the bucket's evidence,
+        a hard one stops after two, so after one easy 1024-token window of the built-in pair and three hard ones
+        the optimistic rates still had each new window draft at its first step and again at the probe after it
+        (about 20 ms of a 300 ms request, at concurrency 1). A due probe of the policy's own would likewise hand
+        them the context's upkeep for a single drafting step (too few to judge them by)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
         if self.newcomer_probe(batch):  # a probe is due: it can only run once every running request drafts
             return True
-        if self.plain_run + 1 >= self.wait and not (self.newcomer_waits and self.small(batch)):
+        if self.newcomer_waits:
+            return False
+        if self.plain_run + 1 >= self.wait:
             return True
         return self.plain_streak < PLAIN_ONLY_AFTER or pick(self.expected_rates(batch), self.margin(batch)) > 0
 

@@ -1,0 +1,119 @@
+"""Offline, each case run like a fresh DFlash server: newcomers of a backed-off prompt-length bucket admitted
+plain-only (this runtime) against admitted on the bucket's estimates (the rule before), over plain decoding.
+
+    python benchmarks/newcomer_admission.py [--repeats 5] [--threads 2]
+                                            [--points short:1,short:4,short:16,1024:1,1024:4]
+
+The served benchmark's workload without the server (benchmarks/serve_dflash_vs_plain.py --warmup 4: the same
+held-out prompts, snippets and 1024-token windows, 128 new tokens, EOS ignored; benchmarks/newcomer_backoff.py's
+closed loop: `concurrency` requests in flight, 6 per client). Each case starts as that benchmark's servers do:
+a fresh policy and caches, then its warm-up (one 8-token request, the last 4 snippets and the last 4 windows, one
+at a time), then every point in order, like one server. Cases, on the built-in pair (float32), one process:
+- plain: plain decoding;
+- this runtime: `CostBasedDraftLen` (`--draft-len auto`), whose newcomers of a bucket backed off by
+  draft_length/newcomers.py, when it is not their bucket's turn, join plain-only;
+- estimates decide: the same policy with `drafts_for` as it was before (`EstimatesDecide` below): those newcomers
+  joined drafting where the bucket's optimistic rates said a draft length beats a plain step.
+The cases alternate order per repeat and share one calibration. Output tokens/s per point, each DFlash case's
+ratio to plain per repeat, median and range, and how many of the point's requests never drafted. Writes
+benchmarks/results/newcomer_admission.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from cpu_decode import run_record  # noqa: E402
+from newcomer_backoff import capacity, closed_loop, offline_pairs  # noqa: E402
+from serve_dflash_vs_plain import NEW_TOKENS  # noqa: E402
+
+from trtllm_dflash.draft_length.policy import PLAIN_ONLY_AFTER, CostBasedDraftLen, pick  # noqa: E402
+
+OUT = Path(__file__).parent / "results" / "newcomer_admission.json"
+WARMUP = 4  # requests of each context, as the served benchmark's --warmup 4
+
+
+class EstimatesDecide(CostBasedDraftLen):
+    """`drafts_for` before newcomers of a backed-off bucket were admitted plain-only (commit 98ea4c8)."""
+
+    def drafts_for(self, batch) -> bool:
+        if self.cost is None or self.acceptance is None:
+            return True
+        if self.newcomer_probe(batch):
+            return True
+        if self.plain_run + 1 >= self.wait and not (self.newcomer_waits and self.small(batch)):
+            return True
+        return self.plain_streak < PLAIN_ONLY_AFTER or pick(self.expected_rates(batch), self.margin(batch)) > 0
+
+
+CASES = {"plain": None, "this runtime": CostBasedDraftLen, "estimates decide": EstimatesDecide}
+
+
+def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]]) -> dict:
+    """Fresh caches (and policy), the served warm-up one request at a time, then every point in order."""
+    from trtllm_dflash.request import Request
+
+    if policy is not None:
+        generator.policy = policy
+    generator.allocate(max(c for _, c in points), capacity(generator), generator.block)
+    warmup = [(prompts["short"][0], 8)] + [(p, NEW_TOKENS) for p in prompts["short"][-WARMUP:] + prompts["1024"][-WARMUP:]]
+    for prompt, tokens in warmup:
+        generator.admit([Request(prompt, tokens, ignore_eos=True)])
+        while generator.slots.running:
+            generator.step()
+    return {f"{context}:{c}": closed_loop(generator, prompts[context], c) for context, c in points}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--points", default="short:1,short:4,short:16,1024:1,1024:4", help="context:concurrency, in order")
+    p.add_argument("--output", type=Path, default=OUT)
+    args = p.parse_args()
+    points = [(spec.split(":")[0], int(spec.split(":")[1])) for spec in args.points.split(",")]
+    load_before, started = os.getloadavg(), time.time()
+    spec, plain, prompts, calibrated = offline_pairs(args.threads, 16)
+    runs = {name: [] for name in CASES}
+    for r in range(args.repeats):
+        for name in (list(CASES) if r % 2 == 0 else list(CASES)[::-1]):
+            cls = CASES[name]
+            generator = plain.generator if cls is None else spec.generator
+            runs[name].append(one_server(generator, None if cls is None else cls(calibrated.cost), prompts, points))
+        print(f"repeat {r}: " + "; ".join(f"{n} " + " ".join(f"{runs[n][-1][k][0] / runs['plain'][-1][k][0]:.3f}"
+                                                             for k in runs[n][-1]) for n in list(CASES)[1:]),
+              file=sys.stderr, flush=True)
+    table = []
+    for context, c in points:
+        key = f"{context}:{c}"
+        row = {"context": context, "concurrency": c,
+               "plain_tok_s_median": statistics.median(run[key][0] for run in runs["plain"])}
+        for name in list(CASES)[1:]:
+            ratios = [run[key][0] / base[key][0] for run, base in zip(runs[name], runs["plain"])]
+            row[name] = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+                         "ratio_max": max(ratios), "ratios": ratios,
+                         "never_drafted": [run[key][1] for run in runs[name]]}
+        table.append(row)
+    record = run_record(args, started, load_before) | {
+        "warmup": WARMUP, "new_tokens": NEW_TOKENS, "table": table,
+        "runs": {name: [{k: {"tok_s": v[0], "never_drafted": v[1]} for k, v in run.items()} for run in rs]
+                 for name, rs in runs.items()}}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(record, indent=1) + "\n")
+    print("context conc  plain tok/s        this runtime    estimates decide   [median (min-max), never drafted]")
+    for row in table:
+        cells = [f"{row[n]['ratio_median']:.3f} ({row[n]['ratio_min']:.2f}-{row[n]['ratio_max']:.2f}) "
+                 f"{statistics.median(row[n]['never_drafted']):.0f}" for n in list(CASES)[1:]]
+        print(f"{row['context']:>7} {row['concurrency']:4} {row['plain_tok_s_median']:11.1f}  {cells[0]:>18} {cells[1]:>18}")
+    print(f"written: {args.output}")
+
+
+if __name__ == "__main__":
+    main()
