@@ -11,7 +11,8 @@ a fresh policy and caches, then its warm-up (one 8-token request, the last 4 sni
 at a time), then every point in order, like one server. Cases, on the built-in pair (float32), one process:
 - plain: plain decoding;
 - this runtime: `CostBasedDraftLen` (`--draft-len auto`), whose newcomers of a bucket backed off by
-  draft_length/newcomers.py, when it is not their bucket's turn, join plain-only;
+  draft_length/newcomers.py, when it is not their bucket's turn and no running request keeps the drafter's
+  context, join plain-only;
 - estimates decide: the same policy with `drafts_for` as it was before (`EstimatesDecide` below): those newcomers
   joined drafting where the bucket's optimistic rates said a draft length beats a plain step.
 The cases alternate order per repeat and share one calibration. Output tokens/s per point, each DFlash case's

@@ -2,6 +2,7 @@
 
     python benchmarks/serve_loop_overhead.py [--baseline ff7ff5f] [--repeats 3] [--threads 2]
                                              [--points short:1,short:16,1024:1] [--decodings plain,dflash]
+                                             [--warmup N]
 
 The serving loop's host work between steps (metrics, cancellation checks, answers) talks to the Triton
 server process; trtllm_dflash/serve/loop.py batches it (METRICS_FLUSH_S, CANCEL_POLL_S). This measures what
@@ -28,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_dflash_vs_plain import post, prompt_sets, run_point, serve, served_engine  # noqa: E402
+from serve_dflash_vs_plain import NEW_TOKENS, post, prompt_sets, run_point, serve, served_engine  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "serve_loop_overhead.json"
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,6 +60,10 @@ def run_repeat(engine, root, baseline, args, prompts, rep: int) -> list[dict]:
         for _, ends in servers.values():  # warm-up
             post(f"{ends.http_url}/v2/models/m/generate", {"text_input": prompts["short"][0],
                                                            "sampling_param_max_tokens": 8})
+            for context in prompts:  # --warmup: N requests of each context, untimed (serve_dflash_vs_plain.py's)
+                for text in prompts[context][len(prompts[context]) - args.warmup:] if args.warmup else []:
+                    post(f"{ends.http_url}/v2/models/m/generate", {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS,
+                                                                   "sampling_param_ignore_eos": True})
         rows = []
         for i, (context, c) in enumerate(args.points):
             for decoding in args.decodings:
@@ -67,8 +72,8 @@ def run_repeat(engine, root, baseline, args, prompts, rep: int) -> list[dict]:
                     row = run_point(f"{ends.http_url}/v2/models/m/generate", ends.metrics_url, prompts[context], c,
                                     6 * c)
                     rows.append({"tree": tree, "decoding": decoding, "context": context, **row, "repeat": rep})
-                    print(f"  {tree:8} {decoding:6} {context:>5} c={c:<3} {row['output_tokens_per_s']:8.1f} tok/s",
-                          file=sys.stderr, flush=True)
+                    print(f"  {tree:8} {decoding:6} {context:>5} c={c:<3} {row['output_tokens_per_s']:8.1f} tok/s "
+                          f"plain steps {row['plain_step_share']}", file=sys.stderr, flush=True)
         return rows
     finally:
         for proc, _ in servers.values():
@@ -87,7 +92,10 @@ def summarize(rows: list[dict], args) -> list[dict]:
                           "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
                           "ratio_max": max(ratios), "ratios": ratios,
                           "baseline_tok_s_median": statistics.median(rate("baseline", i) for i in range(args.repeats)),
-                          "this_tok_s_median": statistics.median(rate("this", i) for i in range(args.repeats))})
+                          "this_tok_s_median": statistics.median(rate("this", i) for i in range(args.repeats)),
+                          "plain_step_share": {tree: [r["plain_step_share"] for r in rows if (r["tree"], r["decoding"],
+                                               r["context"], r["concurrency"]) == (tree, decoding, context, c)]
+                                               for tree in ("baseline", "this")}})
     return table
 
 
@@ -98,6 +106,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--points", default="short:1,short:16,1024:1")
     p.add_argument("--decodings", default="plain,dflash", help="the servers' --decoding, each served by both trees")
+    p.add_argument("--warmup", type=int, default=0, help="untimed requests of each context per server before timing")
     p.add_argument("--output", default=str(OUT))
     args = p.parse_args()
     args.decodings = args.decodings.split(",")

@@ -661,17 +661,22 @@ def serve_alone(policy, slot: int, context: int, alpha: float, steps: int, seed:
 def test_a_newcomer_waiting_for_its_buckets_turn_is_plain_only_where_the_buckets_rates_favour_drafting():
     """One easy 1024-token request drafts for its whole length and pays; the two hard ones after it stop after a
     couple of drafting steps and fail. The bucket's pooled rates are still mostly the easy one's, and say that a
-    newcomer should draft, yet two failures in a row back the bucket off: the next newcomer is admitted plain-only,
-    the one after it (its turn) probes. Without the back-off taking precedence every newcomer drafted on those
+    newcomer should draft, yet two failures in a row back the bucket off: the next newcomer is admitted plain-only
+    where no other running request keeps the drafter's context, the one after it (its turn) probes. Without the back-off taking precedence every newcomer drafted on those
     rates (the served 1024-token point at concurrency 1 lost about 3 % so)."""
     policy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
     assert serve_alone(policy, 0, 1024, 0.95, 128, seed=1)  # drafted the whole way, paid
     assert [serve_alone(policy, 0, 1024, 0.0, 64, seed) for seed in (2, 3)] == [True, True]  # probed, failed
     assert policy.describe()["newcomer_probes_backed_off"] == {"1024": 2}
+    policy.admit([2], [100])  # a short request, admitted earlier: its bucket has no failures
     policy.admit([1], [1024])
     rates = policy.expected_rates(view([1], 1024))  # [K + 1] tokens/s: the newcomer planned on its bucket's rates
     assert rates[1:].max() > 1.2 * rates[0]  # drafting looks a fifth better than a plain step
-    assert policy.drafts_for(view([1], 1024)) is False
+    assert policy.drafts_for(view([1], 1024)) is False  # alone
+    assert policy.drafts_for(BatchView([2, 1], 1024, [1000, 1000], K, (False, True))) is False  # beside a plain-only one
+    # beside a request that keeps the drafter's context its drafting steps verify the newcomer's row anyway: the
+    # estimates decide
+    assert policy.drafts_for(BatchView([2, 1], 1024, [1000, 1000], K)) is True
     policy.release(1, drafting=False)
     policy.admit([1], [1024])  # one in 2^(2 - 1): this one's turn
     assert policy.drafts_for(view([1], 1024)) is True and policy.choose(view([1], 1024)) > 0

@@ -10,9 +10,10 @@ measures what backing off gains). So the outcome of each request that drafted en
 kept per bucket of its prompt's length: paid (by its own estimate some draft length beats a plain step even
 alone) or failed (it stopped keeping the drafter's context, or ended without paying). After n >= 2 failures in
 a row, one newcomer of that bucket in 2^(n-1) probes, at most one in `longest`; one that pays restarts it.
-The others join plain-only, whatever the bucket's estimates say (`CostBasedDraftLen.drafts_for`): its pooled rates
-come mostly from its easy requests, which draft for many steps while a hard one stops after two. An easy request
-of a backed-off bucket is found at its bucket's turn, which restarts every newcomer's probe.
+The others join plain-only where no running request keeps the drafter's context, whatever the bucket's estimates
+say (`CostBasedDraftLen.drafts_for`): its pooled rates come mostly from its easy requests, which draft for many
+steps while a hard one stops after two. An easy request of a backed-off bucket is found at its bucket's turn, which
+restarts every newcomer's probe.
 """
 
 from __future__ import annotations

@@ -199,6 +199,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.kept, self.kept_key = 0, None  # steps a plain choice is still kept, for which batch and evidence
         self.kept_context: tuple = ((), None)  # (key, keeps_context) of the last call
         self.newcomers: NewcomerBackoff | None = None  # which newcomers probe, per prompt-length bucket
+        self.admitted: frozenset[int] = frozenset()  # the slots of the last `admit`'s requests
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = generator.slots.usable, generator.block - 1
@@ -222,6 +223,7 @@ class CostBasedDraftLen(DraftLenPolicy):
             # whether they probe at their first step (`choose` and `drafts_for` see the batch size)
             self.newcomer = self.newcomers.admit(slots, contexts)
             self.newcomer_waits = not self.newcomer and self.newcomers.backed_off(contexts)
+        self.admitted = frozenset(slots)
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
@@ -335,21 +337,29 @@ class CostBasedDraftLen(DraftLenPolicy):
         probe is due, newcomers keep their drafter context again (else a server at concurrency 1, whose every
         request arrives alone, would never draft again after one failed probe).
         Newcomers whose prompt-length bucket waits for its turn to probe (newcomers.py: its last requests failed
-        in a row) are plain-only whatever the estimates say: their turn is their probe. The bucket's rates
-        overstate a newcomer's: an easy request drafts for many steps and adds most of the bucket's evidence,
-        a hard one stops after two, so after one easy 1024-token window of the built-in pair and three hard ones
-        the optimistic rates still had each new window draft at its first step and again at the probe after it
-        (about 20 ms of a 300 ms request, at concurrency 1). A due probe of the policy's own would likewise hand
-        them the context's upkeep for a single drafting step (too few to judge them by)."""
+        in a row) are plain-only whatever the estimates say when no other running request keeps the drafter's
+        context: their turn is their probe, and drafting for them alone would cost every row its verify. The
+        bucket's rates overstate a newcomer's: an easy request drafts for many steps and adds most of the
+        bucket's evidence, a hard one stops after two, so after one easy 1024-token window of the built-in pair
+        and three hard ones the optimistic rates still had each new window draft at its first step and again at
+        the probe after it (about 20 ms of a 300 ms request, at concurrency 1). Beside requests that keep the
+        context the estimates decide: those requests' drafting steps verify every row's k + 1 tokens anyway.
+        Nor does a due probe of the policy's own hand such newcomers in a small batch the context's upkeep for
+        a single drafting step (too few to judge them by)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
         if self.newcomer_probe(batch):  # a probe is due: it can only run once every running request drafts
             return True
-        if self.newcomer_waits:
+        if self.newcomer_waits and not self.others_keep_context(batch):
             return False
-        if self.plain_run + 1 >= self.wait:
+        if self.plain_run + 1 >= self.wait and not (self.newcomer_waits and self.small(batch)):
             return True
         return self.plain_streak < PLAIN_ONLY_AFTER or pick(self.expected_rates(batch), self.margin(batch)) > 0
+
+    def others_keep_context(self, batch: BatchView) -> bool:
+        """Whether a running request admitted before the newcomers (the last `admit`) keeps the drafter's context."""
+        drafting = batch.drafting or (True,) * len(batch.slots)
+        return any(d for slot, d in zip(batch.slots, drafting) if slot not in self.admitted)
 
     def keeps_context(self, batch: BatchView) -> list[bool]:
         """A request stops paying for the drafter's context once (1) a probe after a plain run has failed since
