@@ -25,14 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_decode import run_record  # noqa: E402
-from newcomer_backoff import capacity, closed_loop, offline_pairs  # noqa: E402
+from newcomer_backoff import offline_pairs, one_server, print_ratio_table, ratio_table, record_runs  # noqa: E402
 from serve_dflash_vs_plain import NEW_TOKENS  # noqa: E402
 
 from trtllm_dflash.draft_length.policy import PLAIN_ONLY_AFTER, CostBasedDraftLen, pick  # noqa: E402
@@ -57,21 +56,6 @@ class EstimatesDecide(CostBasedDraftLen):
 CASES = {"plain": None, "this runtime": CostBasedDraftLen, "estimates decide": EstimatesDecide}
 
 
-def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]]) -> dict:
-    """Fresh caches (and policy), the served warm-up one request at a time, then every point in order."""
-    from trtllm_dflash.request import Request
-
-    if policy is not None:
-        generator.policy = policy
-    generator.allocate(max(c for _, c in points), capacity(generator), generator.block)
-    warmup = [(prompts["short"][0], 8)] + [(p, NEW_TOKENS) for p in prompts["short"][-WARMUP:] + prompts["1024"][-WARMUP:]]
-    for prompt, tokens in warmup:
-        generator.admit([Request(prompt, tokens, ignore_eos=True)])
-        while generator.slots.running:
-            generator.step()
-    return {f"{context}:{c}": closed_loop(generator, prompts[context], c) for context, c in points}
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=5)
@@ -87,32 +71,17 @@ def main() -> None:
         for name in (list(CASES) if r % 2 == 0 else list(CASES)[::-1]):
             cls = CASES[name]
             generator = plain.generator if cls is None else spec.generator
-            runs[name].append(one_server(generator, None if cls is None else cls(calibrated.cost), prompts, points))
+            runs[name].append(one_server(generator, None if cls is None else cls(calibrated.cost), prompts, points,
+                                         warmup=WARMUP))
         print(f"repeat {r}: " + "; ".join(f"{n} " + " ".join(f"{runs[n][-1][k][0] / runs['plain'][-1][k][0]:.3f}"
                                                              for k in runs[n][-1]) for n in list(CASES)[1:]),
               file=sys.stderr, flush=True)
-    table = []
-    for context, c in points:
-        key = f"{context}:{c}"
-        row = {"context": context, "concurrency": c,
-               "plain_tok_s_median": statistics.median(run[key][0] for run in runs["plain"])}
-        for name in list(CASES)[1:]:
-            ratios = [run[key][0] / base[key][0] for run, base in zip(runs[name], runs["plain"])]
-            row[name] = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-                         "ratio_max": max(ratios), "ratios": ratios,
-                         "never_drafted": [run[key][1] for run in runs[name]]}
-        table.append(row)
+    table = ratio_table(runs, points)
     record = run_record(args, started, load_before) | {
-        "warmup": WARMUP, "new_tokens": NEW_TOKENS, "table": table,
-        "runs": {name: [{k: {"tok_s": v[0], "never_drafted": v[1]} for k, v in run.items()} for run in rs]
-                 for name, rs in runs.items()}}
+        "warmup": WARMUP, "new_tokens": NEW_TOKENS, "table": table, "runs": record_runs(runs)}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(record, indent=1) + "\n")
-    print("context conc  plain tok/s        this runtime    estimates decide   [median (min-max), never drafted]")
-    for row in table:
-        cells = [f"{row[n]['ratio_median']:.3f} ({row[n]['ratio_min']:.2f}-{row[n]['ratio_max']:.2f}) "
-                 f"{statistics.median(row[n]['never_drafted']):.0f}" for n in list(CASES)[1:]]
-        print(f"{row['context']:>7} {row['concurrency']:4} {row['plain_tok_s_median']:11.1f}  {cells[0]:>18} {cells[1]:>18}")
+    print_ratio_table(table, list(CASES)[1:])
     print(f"written: {args.output}")
 
 

@@ -50,12 +50,64 @@ def closed_loop(generator, prompts: list[list[int]], concurrency: int) -> tuple[
     return tokens / (time.perf_counter() - start), sum(not any(s.result.draft_lengths) for s in done)
 
 
-def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]]) -> dict:
-    """Every point in order on freshly allocated caches and a fresh policy, like one server's run."""
+def serve_one_at_a_time(generator, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> None:
+    from trtllm_dflash.request import Request
+
+    for prompt in prompts:
+        generator.admit([Request(prompt, new_tokens, ignore_eos=True)])
+        while generator.slots.running:
+            generator.step()
+
+
+def served_warm_up(generator, prompts: dict, per_context: int) -> None:
+    """What serve_dflash_vs_plain.py's `warm_up` serves: one 8-token request, then the last `per_context` prompts
+    of each context, one at a time."""
+    serve_one_at_a_time(generator, [next(iter(prompts.values()))[0]], 8)
+    for context in prompts:
+        serve_one_at_a_time(generator, prompts[context][len(prompts[context]) - per_context:] if per_context else [])
+
+
+def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]], warmup: int | None = None) -> dict:
+    """Every point in order on freshly allocated caches and a fresh policy, like one server's run; warmup: first
+    the served benchmark's warm-up with `--warmup warmup` (None: none at all)."""
     if policy is not None:
         generator.policy = policy
     generator.allocate(max(c for _, c in points), capacity(generator), generator.block)
+    if warmup is not None:
+        served_warm_up(generator, prompts, warmup)
     return {f"{context}:{c}": closed_loop(generator, prompts[context], c) for context, c in points}
+
+
+def ratio_table(runs: dict, points: list[tuple[str, int]]) -> list[dict]:
+    """runs: case -> per repeat {point: (tok/s, never drafted)}, "plain" first -> per point each other case's
+    ratio to plain per repeat (median, min, max) and its requests that never drafted."""
+    table = []
+    for context, c in points:
+        key = f"{context}:{c}"
+        row = {"context": context, "concurrency": c,
+               "plain_tok_s_median": statistics.median(run[key][0] for run in runs["plain"])}
+        for name in list(runs)[1:]:
+            ratios = [run[key][0] / base[key][0] for run, base in zip(runs[name], runs["plain"])]
+            row[name] = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+                         "ratio_max": max(ratios), "ratios": ratios,
+                         "never_drafted": [run[key][1] for run in runs[name]]}
+        table.append(row)
+    return table
+
+
+def print_ratio_table(table: list[dict], names: list[str]) -> None:
+    print("context conc  plain tok/s  " + "  ".join(f"{n:>22}" for n in names)
+          + "   [median (min-max), never drafted]")
+    for row in table:
+        cells = [f"{row[n]['ratio_median']:.3f} ({row[n]['ratio_min']:.2f}-{row[n]['ratio_max']:.2f}) "
+                 f"{statistics.median(row[n]['never_drafted']):.0f}" for n in names]
+        print(f"{row['context']:>7} {row['concurrency']:4} {row['plain_tok_s_median']:11.1f}  "
+              + "  ".join(f"{cell:>22}" for cell in cells))
+
+
+def record_runs(runs: dict) -> dict:
+    return {name: [{k: {"tok_s": v[0], "never_drafted": v[1]} for k, v in run.items()} for run in rs]
+            for name, rs in runs.items()}
 
 
 def offline_pairs(threads: int, slots: int):
@@ -107,29 +159,12 @@ def main() -> None:
                                          points))
         print(f"repeat {r}: " + ", ".join(f"{k} {runs[n][-1][k][0] / runs['plain'][-1][k][0]:.3f}"
                                           for n in list(CASES)[2:] for k in runs[n][-1]), file=sys.stderr, flush=True)
-    table = []
-    for context, c in points:
-        key = f"{context}:{c}"
-        row = {"context": context, "concurrency": c,
-               "plain_tok_s_median": statistics.median(run[key][0] for run in runs["plain"])}
-        for name in list(CASES)[1:]:
-            ratios = [run[key][0] / base[key][0] for run, base in zip(runs[name], runs["plain"])]
-            row[name] = {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
-                         "ratio_max": max(ratios), "ratios": ratios,
-                         "never_drafted": [run[key][1] for run in runs[name]]}
-        table.append(row)
+    table = ratio_table(runs, points)
     record = run_record(args, started, load_before) | {
-        "requests_per_client": REQUESTS_PER_CLIENT, "new_tokens": NEW_TOKENS, "table": table,
-        "runs": {name: [{k: {"tok_s": v[0], "never_drafted": v[1]} for k, v in run.items()} for run in rs]
-                 for name, rs in runs.items()}}
+        "requests_per_client": REQUESTS_PER_CLIENT, "new_tokens": NEW_TOKENS, "table": table, "runs": record_runs(runs)}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(record, indent=1) + "\n")
-    print("context conc  plain tok/s  every newcomer probes   back-off (default)   [median (min-max), never drafted]")
-    for row in table:
-        cells = [f"{row[n]['ratio_median']:.3f} ({row[n]['ratio_min']:.2f}-{row[n]['ratio_max']:.2f}) "
-                 f"{statistics.median(row[n]['never_drafted']):.0f}" for n in list(CASES)[1:]]
-        print(f"{row['context']:>7} {row['concurrency']:4} {row['plain_tok_s_median']:11.1f}  {cells[0]:>22} "
-              f"{cells[1]:>20}")
+    print_ratio_table(table, list(CASES)[1:])
     print(f"written: {args.output}")
 
 

@@ -160,6 +160,15 @@ def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int,
     return proc, ends
 
 
+def warm_up(url: str, prompts: dict, per_context: int) -> None:
+    """One 8-token request, then --warmup's `per_context` requests of each context (its last prompts, 128 new
+    tokens), untimed and one at a time."""
+    post(url, {"text_input": next(iter(prompts.values()))[0], "sampling_param_max_tokens": 8})
+    for context in prompts:
+        for text in prompts[context][len(prompts[context]) - per_context:] if per_context else []:
+            post(url, {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS, "sampling_param_ignore_eos": True})
+
+
 def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
     """Both servers up (fresh), every point on each of them back to back in alternating order."""
     from trtllm_dflash.serve.server import stop_server
@@ -170,14 +179,8 @@ def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
         for decoding in names:
             served = "plain" if args.control else decoding  # --control: plain decoding under both names
             servers[decoding] = serve(engine, root, served, args.draft_len, args.threads, name=decoding)
-        for proc, ends in servers.values():  # warm-up
-            post(f"{ends.http_url}/v2/models/m/generate",
-                 {"text_input": next(iter(prompts.values()))[0], "sampling_param_max_tokens": 8})
-            for context in prompts:  # --warmup: N requests of each context, untimed
-                for text in prompts[context][len(prompts[context]) - args.warmup:] if args.warmup else []:
-                    body = {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS,
-                            "sampling_param_ignore_eos": True}
-                    post(f"{ends.http_url}/v2/models/m/generate", body)
+        for _, ends in servers.values():
+            warm_up(f"{ends.http_url}/v2/models/m/generate", prompts, args.warmup)
         rows, points = [], [(context, c) for context in prompts for c in args.concurrency]
         for i, (context, c) in enumerate(points):
             order = names if i % 2 == 0 else names[::-1]

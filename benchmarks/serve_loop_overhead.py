@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from serve_dflash_vs_plain import NEW_TOKENS, post, prompt_sets, run_point, serve, served_engine  # noqa: E402
+from serve_dflash_vs_plain import prompt_sets, run_point, serve, served_engine, warm_up  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "serve_loop_overhead.json"
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,13 +57,8 @@ def run_repeat(engine, root, baseline, args, prompts, rep: int) -> list[dict]:
             for tree in trees:
                 servers[tree, decoding] = serve(engine, root, decoding, "auto", args.threads, f"{tree}-{decoding}",
                                                 baseline if tree == "baseline" else None)
-        for _, ends in servers.values():  # warm-up
-            post(f"{ends.http_url}/v2/models/m/generate", {"text_input": prompts["short"][0],
-                                                           "sampling_param_max_tokens": 8})
-            for context in prompts:  # --warmup: N requests of each context, untimed (serve_dflash_vs_plain.py's)
-                for text in prompts[context][len(prompts[context]) - args.warmup:] if args.warmup else []:
-                    post(f"{ends.http_url}/v2/models/m/generate", {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS,
-                                                                   "sampling_param_ignore_eos": True})
+        for _, ends in servers.values():  # serve_dflash_vs_plain.py's warm-up (--warmup: N of each context)
+            warm_up(f"{ends.http_url}/v2/models/m/generate", prompts, args.warmup)
         rows = []
         for i, (context, c) in enumerate(args.points):
             for decoding in args.decodings:

@@ -23,21 +23,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_decode import run_record  # noqa: E402
-from newcomer_backoff import capacity, closed_loop, offline_pairs  # noqa: E402
-from serve_dflash_vs_plain import NEW_TOKENS  # noqa: E402
+from newcomer_backoff import capacity, closed_loop, offline_pairs, serve_one_at_a_time  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "warmup_effect.json"
 WARMUP = 4  # requests of each context, as the served run's --warmup 4
 CASES = ("plain", "dflash fresh", "dflash after the warm-up's requests")
-
-
-def serve_one_at_a_time(generator, prompts) -> None:
-    from trtllm_dflash.request import Request
-
-    for prompt in prompts:
-        generator.admit([Request(prompt, NEW_TOKENS, ignore_eos=True)])
-        while generator.slots.running:
-            generator.step()
 
 
 def one_case(name: str, spec, plain, prompts, cost) -> float:
