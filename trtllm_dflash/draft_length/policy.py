@@ -342,9 +342,9 @@ class CostBasedDraftLen(DraftLenPolicy):
         bucket's rates overstate a newcomer's: an easy request drafts for many steps and adds most of the
         bucket's evidence, a hard one stops after two, so after one easy 1024-token window of the built-in pair
         and three hard ones the optimistic rates still had each new window draft at its first step and again at
-        the probe after it (about 20 ms of a 300 ms request, at concurrency 1). Beside requests that keep the
-        context the estimates decide: those requests' drafting steps verify every row's k + 1 tokens anyway.
-        Nor does a due probe of the policy's own hand such newcomers in a small batch the context's upkeep for
+        the probe after it (at concurrency 1, 0.96 of plain decoding's rate against 1.01 without that:
+        benchmarks/newcomer_admission.py). Beside requests that keep the context the estimates decide: those
+        requests' drafting steps verify every row's k + 1 tokens anyway. Nor does a due probe of the policy's own hand such newcomers in a small batch the context's upkeep for
         a single drafting step (too few to judge them by)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
