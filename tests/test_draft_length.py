@@ -700,3 +700,27 @@ def test_hard_prompt_lengths_stop_paying_for_newcomer_probes_and_easy_ones_resta
     first = easy.index(True)
     assert first < 16 and all(easy[first:])  # it paid: every newcomer of the bucket probes again
     assert policy.describe()["newcomer_probes_backed_off"] == {"0": 2}  # the two hard short ones' bucket
+
+
+def test_a_batch_that_could_not_win_even_accepting_every_draft_neither_probes_nor_keeps_a_newcomers_context():
+    """A probe is evidence for a later choice. In a batch of 16 whose other 15 requests are plain-only, on a CPU-like
+    cost (k drafts: 1.9 + 0.1 k plain steps), even every draft of the one request keeping the drafter's context
+    accepted would not make a drafting step beat a plain one by the margin: its due probe does not run (and backs
+    off like a failed one) and a newcomer is admitted plain-only. With all 16 keeping it, or on a GPU-like flat cost,
+    the same probe runs and newcomers keep the context."""
+    cpu = linear_cost(plain=1.0, per_draft=0.1, draft_overhead=0.9)
+    gpu = linear_cost(plain=1.0, per_draft=0.01)
+    slots = list(range(16))
+    one = tuple([False] * 15 + [True])
+    for cost, drafting, reachable in ((cpu, one, False), (cpu, None, True), (gpu, one, True), (gpu, None, True)):
+        policy = prepared(cost, probe=ProbeSettings(first=4))
+        feed(policy.acceptance, slots, 0.0, steps=30)  # nothing accepted: plain is best, probes run when due
+        batch = BatchView(slots, 100, [1000] * 16, K, drafting)
+        assert policy.drafts_for(batch) is reachable  # the plain streak is short: only reachability says no
+        choices = []
+        for _ in range(20):
+            k = policy.choose(batch)
+            choices.append(k)
+            policy.observe(slots, k, [0] * 16, list(drafting) if drafting and k else None)
+        probes = [i for i, k in enumerate(choices) if k]
+        assert (probes == [3, 11]) if reachable else (probes == [] and policy.wait == 32)  # waits 4, 8; 4, 8, 16, 32

@@ -248,6 +248,8 @@ class CostBasedDraftLen(DraftLenPolicy):
             return 0
         else:
             self.wait = min(2 * self.wait, self.probe.longest)
+        if not self.reachable(batch):  # no evidence could make a drafting step win: it counts as a failed probe
+            return 0
         rates = self.last_rates = self.expected_rates(batch)
         return self.probe_len(batch, rates)
 
@@ -348,6 +350,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         a single drafting step (too few to judge them by)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
+        if not self.reachable(batch):
+            return False
         if self.newcomer_probe(batch):  # a probe is due: it can only run once every running request drafts
             return True
         if self.newcomer_waits and not self.others_keep_context(batch):
@@ -355,6 +359,24 @@ class CostBasedDraftLen(DraftLenPolicy):
         if self.plain_run + 1 >= self.wait and not (self.newcomer_waits and self.small(batch)):
             return True
         return self.plain_streak < PLAIN_ONLY_AFTER or pick(self.expected_rates(batch), self.margin(batch)) > 0
+
+    def reachable(self, batch: BatchView) -> bool:
+        """Whether any evidence could make a drafting step win in this batch: accepting every draft (a row that keeps
+        the drafter's context emits min(k + 1, remaining) tokens, a plain-only row 1), some draft length beats the
+        plain step's rate by the batch's margin. Where none does, a probe or a newcomer's drafter context is pure
+        cost: on the built-in pair at batch 16 (k drafts cost about 2 to 4.6 plain steps) a request keeping the
+        context beside 15 plain-only ones emits at best 15 + k + 1 tokens in a step that costs what 32 to 74 plain
+        tokens do, and must beat 1.25 times that; yet a served closed loop at concurrency 16 probed such batches
+        every repeat (benchmarks/results/serve_step_trace/trace.json: 1 to 4 rows of 14-15 keeping it, 10-13 ms each,
+        and those rows' plain steps capturing the target's features). On a GPU, whose verify of a block costs
+        little more than a plain step, the same batch is reachable. Requests admitted
+        plain-only beside the others there stay so (as any plain-only admission does) when the batch later shrinks."""
+        seconds = self.step_seconds(batch)  # [K + 1]
+        width = np.arange(1, len(seconds) + 1)[None, :]  # [1, K + 1] tokens per row at full acceptance
+        tokens = np.minimum(width, np.maximum(np.asarray(batch.remaining)[:, None], 1))  # [B, K + 1]
+        if batch.drafting is not None and not all(batch.drafting):
+            tokens = np.where(np.asarray(batch.drafting)[:, None], tokens, 1)
+        return pick(tokens.sum(0) / seconds, self.margin(batch)) > 0
 
     def others_keep_context(self, batch: BatchView) -> bool:
         """Whether a running request admitted before the newcomers (the last `admit`) keeps the drafter's context."""
