@@ -239,9 +239,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         newcomer, self.newcomer, self.newcomer_waits = self.newcomer_probe(batch), False, False
         if best > 0:  # drafting pays: probes start over from the first wait once it stops paying
             self.wait = self.probe.first
-            best = self.on_evidence(batch, best)
-            if best > 0:
-                return best
+            return best
         if batch.max_draft_len == 0 or max(batch.remaining) < 2:  # nothing to draft: no probe, the back-off stays
             return 0
         if newcomer:  # probes now, and its probes start over from the first wait
@@ -263,24 +261,6 @@ class CostBasedDraftLen(DraftLenPolicy):
         seconds = self.step_seconds(batch)
         affordable = max(1, int(np.sum(seconds[1:len(rates)] <= self.probe.large_batch_cost * seconds[0])))
         return 1 + int(np.argmax(rates[1:affordable + 1]))  # seconds grow with k: the affordable ones come first
-
-    def on_evidence(self, batch: BatchView, k: int) -> int:
-        """k, or in a large batch most of whose drafting rows have not drafted yet, the best length a probe could
-        afford (`ProbeSettings.large_batch_cost`) if it beats plain by the margin, else 0 (they then show their
-        acceptance at the next probe, the first wait away): their rates are their prompt-length buckets', which
-        overstate a newcomer's (an easy request drafts for many steps and adds most of a bucket's evidence, a hard
-        one stops after two). The first step of a wave of 16 snippets at a served concurrency of 16 drafted 5 to 9
-        tokens on such rates every repeat, 25-30 ms against a plain step's 4.5
-        (benchmarks/results/serve_step_trace/trace.json), and drafting lost to plain decoding there."""
-        if self.small(batch):
-            return k
-        drafting = batch.drafting or (True,) * len(batch.slots)
-        rows = [slot for slot, d in zip(batch.slots, drafting) if d]
-        if 2 * int(np.count_nonzero(self.acceptance.tried[rows, 0] > 0)) >= len(rows):
-            return k
-        seconds = self.step_seconds(batch)
-        affordable = int(np.sum(seconds[1:len(self.last_rates)] <= self.probe.large_batch_cost * seconds[0]))
-        return pick(self.last_rates[: affordable + 1], self.margin(batch))
 
     def best(self, batch: BatchView) -> int:
         """argmax over k of the expected rate; a plain choice kept PLAIN_KEPT_STEPS steps while the batch
