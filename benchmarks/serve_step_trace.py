@@ -9,7 +9,8 @@ serve that copy (the engine, calibration, prompts and warm-up of benchmarks/serv
 `--warmup 4`, `--draft-len auto`), both up at once, started fresh each repeat, the point run on one then the
 other in alternating order. Per server and repeat, over the timed point only: drafting steps (rows, draft length,
 rows keeping the drafter's context, ms), and for plain steps of 16 rows, split by whether some row keeps the
-drafter's context, the median of each phase of `Generator.step` (choosing, the target's pass, the rest).
+drafter's context, the median of each phase of `Generator.step` (choosing, the target's pass, the rest), and
+(`aligned_with_plain`) against the plain server's steps at the same index of the point.
 Writes benchmarks/results/serve_step_trace/trace.json (or --output) and prints it.
 """
 
@@ -71,6 +72,30 @@ def summarize(steps: list[dict], span: float) -> dict:
     return out
 
 
+def aligned(dflash: list[dict], plain: list[dict]) -> dict:
+    """DFlash's plain steps of 16 rows, split by whether some row keeps the drafter's context, against the plain
+    server's steps at the same index of the point (the same place in the same wave of requests: a step's cost
+    grows through a wave as its requests' contexts grow, and the waves that keep the context are not the average
+    ones; a drafting step shifts the later indices by the tokens it gained, a few steps of a 128-step wave)."""
+    out = {}
+    for name, keep in (("plain_keeping", True), ("plain_only", False)):
+        idx = [i for i in range(min(len(dflash), len(plain)))
+               if dflash[i]["k"] == 0 and dflash[i]["rows"] == 16 and (dflash[i]["keep"] > 0) == keep
+               and plain[i]["k"] == 0 and plain[i]["rows"] == 16 and dflash[i]["phases"] and plain[i]["phases"]]
+        if not idx:
+            out[name] = {"steps": 0}
+            continue
+        def median_ms(steps, value):
+            return 1e3 * statistics.median(value(steps[i]) for i in idx)
+        out[name] = {"steps": len(idx),
+                     "step_ms_median": {"dflash": median_ms(dflash, lambda s: s["step_s"]),
+                                        "plain": median_ms(plain, lambda s: s["step_s"])},
+                     "target_pass_ms_median": {"dflash": median_ms(dflash, lambda s: s["phases"][2]),
+                                               "plain": median_ms(plain, lambda s: s["phases"][2])},
+                     "step_s_sum_difference": sum(dflash[i]["step_s"] - plain[i]["step_s"] for i in idx)}
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=6)
@@ -95,7 +120,7 @@ def main() -> None:
         prompts = prompt_sets(AutoTokenizer.from_pretrained(stdlib_pair()[0]), quick=False)
         for rep in range(args.repeats):
             names = ("plain", "dflash") if rep % 2 == 0 else ("dflash", "plain")
-            servers = {}
+            servers, traced = {}, {}
             try:
                 for decoding in names:
                     servers[decoding] = serve(engine, root, decoding, "auto", args.threads, package=package)
@@ -110,9 +135,14 @@ def main() -> None:
                     # the server that ran in [start, end] is the one whose trace has steps there (the stub's pid is
                     # not tritonserver's)
                     steps = max((read_trace(t, start, end) for t in TRACES.glob("trace-*")), key=len)
+                    traced[decoding] = steps
                     servers_out.append({"repeat": rep, "decoding": decoding, "tok_s": row["output_tokens_per_s"],
                                         **summarize(steps, end - start)})
                     print(json.dumps(servers_out[-1]), file=sys.stderr, flush=True)
+                entry = next(e for e in servers_out if e["repeat"] == rep and e["decoding"] == "dflash")
+                entry["aligned_with_plain"] = aligned(traced["dflash"], traced["plain"])
+                print(json.dumps({"repeat": rep, "aligned_with_plain": entry["aligned_with_plain"]}), file=sys.stderr,
+                      flush=True)
             finally:
                 for proc, _ in servers.values():
                     stop_server(proc)

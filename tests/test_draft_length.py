@@ -724,3 +724,25 @@ def test_a_batch_that_could_not_win_even_accepting_every_draft_neither_probes_no
             policy.observe(slots, k, [0] * 16, list(drafting) if drafting and k else None)
         probes = [i for i, k in enumerate(choices) if k]
         assert (probes == [3, 11]) if reachable else (probes == [] and policy.wait == 32)  # waits 4, 8; 4, 8, 16, 32
+
+
+def test_in_a_large_batch_a_request_stops_keeping_the_drafter_context_where_its_kind_would_not_draft_there():
+    """Requests that accept their first draft and never a second, on a cost where one draft takes 1.7 plain steps at
+    any batch size: drafting pays alone (2 tokens for 1.7 steps) but not by the margin a batch of 16 needs. Once a
+    probe after the plain run fails they stop keeping the drafter's context in a batch of 16; a batch of 4 drafts and
+    keeps it; their prompt-length bucket is not backed off for it (its newcomers in small batches still probe)."""
+    cost = linear_cost(plain=1.0, per_draft=0.2, draft_overhead=0.5)
+    for size, kept in ((16, False), (4, True)):
+        policy = prepared(cost, probe=ProbeSettings(first=4))
+        slots = list(range(size))
+        policy.admit(slots, [100] * size)
+        for _ in range(40):  # probes (the first draft accepted), plain runs between them
+            k = policy.choose(view(slots))
+            policy.observe(slots, k, [min(k, 1)] * size)
+        assert all(policy.acceptance.tried[slots, 0] >= 1.5) and all(policy.pays_alone(slots, [1000] * size, 100))
+        if size == 16:  # its probes failed (plain runs back off) and its kind would not draft at this size
+            assert policy.wait > policy.probe.first and not any(policy.pays_in_kind(view(slots), 100))
+        else:  # a batch of 4 needs no margin: it drafts on
+            assert policy.choose(view(slots)) == 1
+        assert policy.keeps_context(view(slots)) == [kept] * size
+        assert policy.describe()["newcomer_probes_backed_off"] == {}

@@ -389,7 +389,10 @@ class CostBasedDraftLen(DraftLenPolicy):
         no for the batch, (2) it has drafted in at least two steps of its own (the built-in drafter's first
         draft is a coin flip, and acceptance differs far more between requests than between contexts), and
         (3) by its own acceptance estimate no draft length would pay even if it decoded alone (the cheapest a
-        drafting step gets: a request that would draft alone may yet draft when the batch shrinks). Keeping
+        drafting step gets: a request that would draft alone may yet draft when the batch shrinks), or, in a
+        batch larger than `ProbeSettings.newcomer_batch`, none would in a batch of its size whose requests were
+        all like it (`pays_in_kind`: it may wait for a shrink that a loaded server does not bring; such a stop
+        is no failure for its prompt's bucket, whose newcomers in small batches still probe). Keeping
         its context costs a plain step the captured features it holds; the context K/V of its tokens are
         written at the next drafting step (deferred, speculative/dflash.py), so dropping it saves that
         catch-up and its target features' capture (the context K/V projection is about 6 % of the built-in
@@ -410,11 +413,12 @@ class CostBasedDraftLen(DraftLenPolicy):
         else:
             drafting = batch.drafting or (True,) * len(batch.slots)
             tried = self.acceptance.tried[batch.slots, 0]  # [B] each request's own decayed drafting steps
-            pays = self.pays_alone(batch.slots, batch.remaining, context)
+            alone = self.pays_alone(batch.slots, batch.remaining, context)
+            pays = alone if self.small(batch) else alone & self.pays_in_kind(batch, context)
             keep = [not d or t < OWN_PROBES or bool(p) for d, t, p in zip(drafting, tried, pays)]
-            for slot, d, kept in zip(batch.slots, drafting, keep):
-                if d and not kept:  # it stops drafting: a failure for its prompt's bucket
-                    self.newcomers.judged(slot, False)
+            for slot, d, kept, a in zip(batch.slots, drafting, keep, alone):
+                if d and not kept:  # it stops drafting: a failure for its prompt's bucket, unless only the batch's
+                    self.newcomers.forget(slot) if a else self.newcomers.judged(slot, False)  # size stopped it
             self.kept_context = (key, keep)
         return self.kept_context[1]
 
@@ -425,6 +429,19 @@ class CostBasedDraftLen(DraftLenPolicy):
         alone = self.correction.apply(self.cost.step_seconds(1, context - context % CONTEXT_STEP,
                                                              self.acceptance.max_draft_len))  # [K + 1] s
         return np.argmax(tokens[:, : len(alone)] / alone, axis=1) > 0
+
+    def pays_in_kind(self, batch: BatchView, context: int) -> np.ndarray:
+        """[B] bool: by each request's own (optimistic) acceptance estimate, a batch of as many requests as this one,
+        each like it, would draft: some draft length beats a plain step by the batch's margin. In a large batch a
+        request that would pay alone but not so keeps the drafter's context for a batch that may never shrink: in
+        a served closed loop of snippets at concurrency 16 the first wave's requests kept it for most of their
+        128 steps (117-243 of a point's ~767 steps), each such step 5-8 % slower than plain decoding's at the
+        same point of the wave (the target's features captured and held, the policy's bookkeeping; in a scratch
+        trace of the served loop beside benchmarks/results/serve_step_trace/trace.json)."""
+        tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
+        seconds = self.step_seconds(batch)  # [K + 1] at this batch size
+        rates = tokens[:, : len(seconds)] / seconds  # [B, K + 1]: each row's share of its kind's batch rate
+        return rates[:, 1:].max(axis=1) >= self.margin(batch) * rates[:, 0]
 
     def describe(self) -> dict:
         meta = self.cost.meta if self.cost else {}
