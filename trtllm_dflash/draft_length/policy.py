@@ -435,9 +435,10 @@ class CostBasedDraftLen(DraftLenPolicy):
         each like it, would draft: some draft length beats a plain step by the batch's margin. In a large batch a
         request that would pay alone but not so keeps the drafter's context for a batch that may never shrink: in
         a served closed loop of snippets at concurrency 16 the first wave's requests kept it for most of their
-        128 steps (117-243 of a point's ~767 steps), each such step 5-8 % slower than plain decoding's at the
-        same point of the wave (the target's features captured and held, the policy's bookkeeping; in a scratch
-        trace of the served loop beside benchmarks/results/serve_step_trace/trace.json)."""
+        128 steps (116-238 of a point's ~767 steps), each such step about 3 % slower than the plain server's at the
+        same step index (median over 6 repeats +0.16 ms, -0.20 to +0.90: the target's features captured and held,
+        the policy's bookkeeping; benchmarks/results/serve_step_trace/trace_77e4b73.json); with this rule 16-138
+        (trace_2dd0068.json)."""
         tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
         seconds = self.step_seconds(batch)  # [K + 1] at this batch size
         rates = tokens[:, : len(seconds)] / seconds  # [B, K + 1]: each row's share of its kind's batch rate
