@@ -347,7 +347,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         the probe after it (at concurrency 1, 0.96 of plain decoding's rate against 1.01 without that:
         benchmarks/newcomer_admission.py). Beside requests that keep the context the estimates decide: those
         requests' drafting steps verify every row's k + 1 tokens anyway. Nor does a due probe of the policy's own hand such newcomers in a small batch the context's upkeep for
-        a single drafting step (too few to judge them by)."""
+        a single drafting step (too few to judge them by). Nothing does where no evidence could make a drafting
+        step win (`reachable`)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
         if not self.reachable(batch):
