@@ -23,15 +23,13 @@ benchmarks/results/newcomer_admission.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from cpu_decode import run_record  # noqa: E402
-from newcomer_backoff import offline_pairs, one_server, print_ratio_table, ratio_table, record_runs  # noqa: E402
+from newcomer_backoff import interleaved_runs, offline_pairs, one_server, parse_points, write_results  # noqa: E402
 from serve_dflash_vs_plain import NEW_TOKENS  # noqa: E402
 
 from trtllm_dflash.draft_length.policy import PLAIN_ONLY_AFTER, CostBasedDraftLen, pick  # noqa: E402
@@ -41,11 +39,14 @@ WARMUP = 4  # requests of each context, as the served benchmark's --warmup 4
 
 
 class EstimatesDecide(CostBasedDraftLen):
-    """`drafts_for` before newcomers of a backed-off bucket were admitted plain-only (commit 98ea4c8)."""
+    """`drafts_for` without the rule that admits newcomers of a backed-off bucket plain-only (as at commit 98ea4c8,
+    with the later `reachable` check kept, so the two cases differ in that rule alone)."""
 
     def drafts_for(self, batch) -> bool:
         if self.cost is None or self.acceptance is None:
             return True
+        if not self.reachable(batch):
+            return False
         if self.newcomer_probe(batch):
             return True
         if self.plain_run + 1 >= self.wait and not (self.newcomer_waits and self.small(batch)):
@@ -63,26 +64,17 @@ def main() -> None:
     p.add_argument("--points", default="short:1,short:4,short:16,1024:1,1024:4", help="context:concurrency, in order")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
-    points = [(spec.split(":")[0], int(spec.split(":")[1])) for spec in args.points.split(",")]
+    points = parse_points(args.points)
     load_before, started = os.getloadavg(), time.time()
     spec, plain, prompts, calibrated = offline_pairs(args.threads, 16)
-    runs = {name: [] for name in CASES}
-    for r in range(args.repeats):
-        for name in (list(CASES) if r % 2 == 0 else list(CASES)[::-1]):
-            cls = CASES[name]
-            generator = plain.generator if cls is None else spec.generator
-            runs[name].append(one_server(generator, None if cls is None else cls(calibrated.cost), prompts, points,
-                                         warmup=WARMUP))
-        print(f"repeat {r}: " + "; ".join(f"{n} " + " ".join(f"{runs[n][-1][k][0] / runs['plain'][-1][k][0]:.3f}"
-                                                             for k in runs[n][-1]) for n in list(CASES)[1:]),
-              file=sys.stderr, flush=True)
-    table = ratio_table(runs, points)
-    record = run_record(args, started, load_before) | {
-        "warmup": WARMUP, "new_tokens": NEW_TOKENS, "table": table, "runs": record_runs(runs)}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(record, indent=1) + "\n")
-    print_ratio_table(table, list(CASES)[1:])
-    print(f"written: {args.output}")
+
+    def run_case(name: str) -> dict:
+        cls = CASES[name]
+        generator = plain.generator if cls is None else spec.generator
+        return one_server(generator, None if cls is None else cls(calibrated.cost), prompts, points, warmup=WARMUP)
+
+    runs = interleaved_runs(list(CASES), args.repeats, run_case)
+    write_results(args, started, load_before, runs, points, {"warmup": WARMUP, "new_tokens": NEW_TOKENS})
 
 
 if __name__ == "__main__":

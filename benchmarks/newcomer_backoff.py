@@ -110,6 +110,34 @@ def record_runs(runs: dict) -> dict:
             for name, rs in runs.items()}
 
 
+def parse_points(text: str) -> list[tuple[str, int]]:
+    """"short:1,1024:4" -> [("short", 1), ("1024", 4)]."""
+    return [(spec.split(":")[0], int(spec.split(":")[1])) for spec in text.split(",")]
+
+
+def interleaved_runs(names: list[str], repeats: int, run_case) -> dict:
+    """-> case -> per repeat `run_case(name)`'s {point: (tok/s, never drafted)}, the cases in alternating order per
+    repeat; each repeat's ratios to the first case (plain) printed as they come."""
+    runs = {name: [] for name in names}
+    for r in range(repeats):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            runs[name].append(run_case(name))
+        print(f"repeat {r}: " + "; ".join(f"{n} " + " ".join(f"{runs[n][-1][k][0] / runs[names[0]][-1][k][0]:.3f}"
+                                                             for k in runs[n][-1]) for n in names[1:]),
+              file=sys.stderr, flush=True)
+    return runs
+
+
+def write_results(args, started: float, load_before, runs: dict, points: list[tuple[str, int]], extra: dict) -> None:
+    """The ratio table and every run to args.output (with `run_record` and `extra`), and the table printed."""
+    table = ratio_table(runs, points)
+    record = run_record(args, started, load_before) | extra | {"table": table, "runs": record_runs(runs)}
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(record, indent=1) + "\n")
+    print_ratio_table(table, list(runs)[1:])
+    print(f"written: {args.output}")
+
+
 def offline_pairs(threads: int, slots: int):
     """-> (DFlash pipeline, plain pipeline, the served benchmark's prompts as token ids per context, a cost policy
     calibrated on the DFlash generator, which it is set on, allocated for `slots` requests up to 1024 tokens)."""
@@ -144,28 +172,21 @@ def main() -> None:
     p.add_argument("--points", default="short:1,short:4,1024:1,1024:4", help="context:concurrency, run in order")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
-    points = [(spec.split(":")[0], int(spec.split(":")[1])) for spec in args.points.split(",")]
+    points = parse_points(args.points)
     load_before, started = os.getloadavg(), time.time()
     from trtllm_dflash.draft_length.policy import CostBasedDraftLen, ProbeSettings
 
     spec, plain, prompts, calibrated = offline_pairs(args.threads, max(c for _, c in points))
-    runs = {name: [] for name in CASES}
-    for r in range(args.repeats):
-        for name in (list(CASES) if r % 2 == 0 else list(CASES)[::-1]):
-            longest = CASES[name]
-            policy = None if longest is None else CostBasedDraftLen(
-                calibrated.cost, probe=ProbeSettings(newcomer_longest=longest))
-            runs[name].append(one_server(plain.generator if longest is None else spec.generator, policy, prompts,
-                                         points))
-        print(f"repeat {r}: " + ", ".join(f"{k} {runs[n][-1][k][0] / runs['plain'][-1][k][0]:.3f}"
-                                          for n in list(CASES)[2:] for k in runs[n][-1]), file=sys.stderr, flush=True)
-    table = ratio_table(runs, points)
-    record = run_record(args, started, load_before) | {
-        "requests_per_client": REQUESTS_PER_CLIENT, "new_tokens": NEW_TOKENS, "table": table, "runs": record_runs(runs)}
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(record, indent=1) + "\n")
-    print_ratio_table(table, list(CASES)[1:])
-    print(f"written: {args.output}")
+
+    def run_case(name: str) -> dict:
+        longest = CASES[name]
+        policy = None if longest is None else CostBasedDraftLen(calibrated.cost,
+                                                                probe=ProbeSettings(newcomer_longest=longest))
+        return one_server(plain.generator if longest is None else spec.generator, policy, prompts, points)
+
+    runs = interleaved_runs(list(CASES), args.repeats, run_case)
+    write_results(args, started, load_before, runs, points,
+                  {"requests_per_client": REQUESTS_PER_CLIENT, "new_tokens": NEW_TOKENS})
 
 
 if __name__ == "__main__":

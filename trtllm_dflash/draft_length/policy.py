@@ -415,23 +415,33 @@ class CostBasedDraftLen(DraftLenPolicy):
             drafting = batch.drafting or (True,) * len(batch.slots)
             tried = self.acceptance.tried[batch.slots, 0]  # [B] each request's own decayed drafting steps
             alone = self.pays_alone(batch.slots, batch.remaining, context)
-            pays = alone if self.small(batch) else alone & self.pays_in_kind(batch, context)
+            pays = alone if self.small(batch) else alone & self.pays_in_kind(batch)
             keep = [not d or t < OWN_PROBES or bool(p) for d, t, p in zip(drafting, tried, pays)]
             for slot, d, kept, a in zip(batch.slots, drafting, keep, alone):
-                if d and not kept:  # it stops drafting: a failure for its prompt's bucket, unless only the batch's
-                    self.newcomers.forget(slot) if a else self.newcomers.judged(slot, False)  # size stopped it
+                if not d or kept:
+                    continue
+                if a:  # only the batch's size stopped it: no verdict on its prompt's bucket
+                    self.newcomers.forget(slot)
+                else:  # it stops drafting: a failure for its prompt's bucket
+                    self.newcomers.judged(slot, False)
             self.kept_context = (key, keep)
         return self.kept_context[1]
 
     def pays_alone(self, slots: list[int], remaining: list[int], context: int) -> np.ndarray:
         """[B] bool: by each request's own (optimistic) acceptance estimate, some draft length beats a plain
         step even if it decoded alone at `context` tokens (the cheapest a drafting step gets)."""
-        tokens = self.acceptance.expected_tokens(slots, remaining)  # [B, K + 1]
         alone = self.correction.apply(self.cost.step_seconds(1, context - context % CONTEXT_STEP,
                                                              self.acceptance.max_draft_len))  # [K + 1] s
-        return np.argmax(tokens[:, : len(alone)] / alone, axis=1) > 0
+        return self.pays(slots, remaining, alone, 1.0)
 
-    def pays_in_kind(self, batch: BatchView, context: int) -> np.ndarray:
+    def pays(self, slots: list[int], remaining: list[int], seconds: np.ndarray, margin: float) -> np.ndarray:
+        """[B] bool: `pick`'s test row by row, on each request's own (optimistic) expected tokens and step seconds
+        [K + 1]: some draft length beats a plain step, by `margin`."""
+        rates = self.acceptance.expected_tokens(slots, remaining)[:, : len(seconds)] / seconds  # [B, K + 1]
+        best, plain = rates[:, 1:].max(axis=1), rates[:, 0]
+        return (best > plain) & (best >= margin * plain)
+
+    def pays_in_kind(self, batch: BatchView) -> np.ndarray:
         """[B] bool: by each request's own (optimistic) acceptance estimate, a batch of as many requests as this one,
         each like it, would draft: some draft length beats a plain step by the batch's margin. In a large batch a
         request that would pay alone but not so keeps the drafter's context for a batch that may never shrink: in
@@ -440,10 +450,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         same step index (median over 6 repeats +0.16 ms, -0.20 to +0.90: the target's features captured and held,
         the policy's bookkeeping; benchmarks/results/serve_step_trace/trace_77e4b73.json); with this rule 16-138
         (trace_2dd0068.json)."""
-        tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
-        seconds = self.step_seconds(batch)  # [K + 1] at this batch size
-        rates = tokens[:, : len(seconds)] / seconds  # [B, K + 1]: each row's share of its kind's batch rate
-        return rates[:, 1:].max(axis=1) >= self.margin(batch) * rates[:, 0]
+        # a row's tokens over the batch's step seconds: its share of the rate of a batch all like it
+        return self.pays(batch.slots, batch.remaining, self.step_seconds(batch), self.margin(batch))
 
     def describe(self) -> dict:
         meta = self.cost.meta if self.cost else {}
