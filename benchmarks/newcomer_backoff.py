@@ -32,9 +32,11 @@ REQUESTS_PER_CLIENT = 6
 CASES = {"plain": None, "every newcomer probes": 1, "back-off (default)": 16}  # name -> newcomer_longest
 
 
-def closed_loop(generator, prompts: list[list[int]], concurrency: int) -> tuple[float, int]:
+def closed_loop(generator, prompts: list[list[int]], concurrency: int,
+                outputs: list | None = None) -> tuple[float, int]:
     """`concurrency` requests in flight until REQUESTS_PER_CLIENT x concurrency have run; -> (output tokens/s,
-    requests that never drafted). Prompts in the served benchmark's order (its clients pop from the end)."""
+    requests that never drafted). Prompts in the served benchmark's order (its clients pop from the end).
+    outputs: gets each request's output ids, in admission order (the same order in every generator)."""
     from trtllm_dflash.request import Request
 
     todo, done = list(range(REQUESTS_PER_CLIENT * concurrency))[::-1], []
@@ -47,6 +49,8 @@ def closed_loop(generator, prompts: list[list[int]], concurrency: int) -> tuple[
             del todo[:room]
         generator.step()
     tokens = sum(len(s.result.output_ids) for s in done)
+    if outputs is not None:
+        outputs.extend(list(s.result.output_ids) for s in done)
     return tokens / (time.perf_counter() - start), sum(not any(s.result.draft_lengths) for s in done)
 
 
@@ -138,9 +142,10 @@ def write_results(args, started: float, load_before, runs: dict, points: list[tu
     print(f"written: {args.output}")
 
 
-def offline_pairs(threads: int, slots: int):
+def offline_pairs(threads: int, slots: int, device: str = "cpu", step_mode: str | None = None):
     """-> (DFlash pipeline, plain pipeline, the served benchmark's prompts as token ids per context, a cost policy
-    calibrated on the DFlash generator, which it is set on, allocated for `slots` requests up to 1024 tokens)."""
+    calibrated on the DFlash generator, which it is set on, allocated for `slots` requests up to 1024 tokens).
+    step_mode None: the device's default (cuda-graphs on a GPU)."""
     import torch
 
     from trtllm_dflash.draft_length.calibrate import calibrator
@@ -150,7 +155,8 @@ def offline_pairs(threads: int, slots: int):
 
     torch.set_num_threads(threads)
     target, drafter = stdlib_pair()
-    spec, plain = load_pipeline(target, drafter), load_pipeline(target)
+    spec = load_pipeline(target, drafter, device=device, step_mode=step_mode)
+    plain = load_pipeline(target, device=device, step_mode=step_mode)
     tokenizer = spec.tokenizer
     prompts = {name: [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
                for name, texts in prompt_sets(tokenizer, quick=False).items()}
