@@ -1,5 +1,5 @@
-"""Issue 16 on a GPU: the cost policy (`--draft-len auto`) against plain decoding and against always drafting the
-whole block, offline, the built-in pair on one CUDA device in the device's default step mode (cuda-graphs).
+"""Issue 16 on a GPU: the cost policy (`--draft-len auto`) against plain decoding, always drafting the whole block
+and never drafting, offline, the built-in pair on one CUDA device in its default step mode (cuda-graphs).
 
     python benchmarks/gpu_policy.py --out DIR [--repeats 5] [--deadline-s 400]
                                     [--points short:1,short:4,short:16,1024:1,1024:16]
@@ -8,17 +8,21 @@ whole block, offline, the built-in pair on one CUDA device in the device's defau
 The served benchmark's workload without the server (newcomer_admission.py's: held-out snippets and 1024-token
 windows, 128 new tokens, EOS ignored, closed loop of `concurrency` requests, 6 per client, after the served
 warm-up), run by two generators of the built-in pair (float32) in one process: plain decoding, and DFlash with
-the cost policy (calibrated once on this device, a fresh policy per repeat, like a fresh server) or with every
-step drafting 15 tokens. The cases alternate order per repeat. Per point: output tokens/s, each DFlash case's
-ratio to plain per repeat (median, range), requests that never drafted, and whether every request's output
-equals plain decoding's token for token (greedy). Writes DIR/gpu_policy.json after every repeat, so a lease
-that runs out keeps the repeats done; no repeat starts after --deadline-s.
+the cost policy (calibrated once on this device, a fresh policy per repeat, like a fresh server), with every
+step drafting 15 tokens, or with none drafting (the DFlash engine's plain path: its cost over plain decoding's).
+The cases alternate order per repeat. Per point: output tokens/s, each DFlash case's ratio to plain per repeat
+(median, range), requests that never drafted, and whether every request's output equals plain decoding's token
+for token (greedy). Also the calibrated cost model, and per case, repeat and point the steps per (rows, draft
+length, rows keeping the drafter's context) with their seconds and tokens, and the admissions' seconds.
+Writes DIR/gpu_policy.json after every repeat, so a lease that runs out keeps the repeats done; no repeat
+starts after --deadline-s.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -33,20 +37,71 @@ from serve_dflash_vs_plain import NEW_TOKENS  # noqa: E402
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, FixedDraftLen  # noqa: E402
 
 WARMUP = 4  # requests of each context, as the served benchmark's --warmup 4
-CASES = ("plain", "auto (cost policy)", "always 15")
+CASES = ("plain", "auto (cost policy)", "always 15", "never drafting")
 
 
-def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]], outputs: dict) -> dict:
-    """newcomer_backoff.one_server with each point's outputs kept in outputs[point]."""
+def case_policy(name: str, calibrated, max_draft_len: int):
+    """A fresh policy per case and repeat, like a fresh server (None: the plain generator's own)."""
+    return {"plain": None, "auto (cost policy)": CostBasedDraftLen(calibrated.cost),
+            "always 15": FixedDraftLen(max_draft_len), "never drafting": FixedDraftLen(0)}[name]
+
+
+class StepTrace:
+    """Wraps a generator's step and admit (instance attributes, so the closed loop calls them): per (rows,
+    draft length, rows keeping the drafter's context) the steps, their seconds and tokens; and admissions'
+    seconds. Each step already ends in a host sync (its tokens are read), so the wall time is the step's."""
+
+    def __init__(self):
+        self.steps: dict[str, list] = {}  # "rows k keep" -> [count, seconds, tokens, [ms per step]]
+        self.admit_s = 0.0
+
+    def wrap(self, generator):
+        step, admit = type(generator).step.__get__(generator), type(generator).admit.__get__(generator)
+
+        def traced_step(*a, **kw):
+            t0 = time.perf_counter()
+            ran = step(*a, **kw)
+            dt = time.perf_counter() - t0
+            k = max((s.result.draft_lengths[-1] for s in ran), default=0)
+            keep = sum(bool(s.drafting) for s in ran)
+            cell = self.steps.setdefault(f"{len(ran)} {k} {keep}", [0, 0.0, 0, []])
+            cell[0], cell[1] = cell[0] + 1, cell[1] + dt
+            cell[2] += sum(s.result.acceptance_lengths[-1] for s in ran)
+            cell[3].append(round(dt * 1e3, 3))
+            return ran
+
+        def traced_admit(*a, **kw):
+            t0 = time.perf_counter()
+            out = admit(*a, **kw)
+            self.admit_s += time.perf_counter() - t0
+            return out
+
+        generator.step, generator.admit = traced_step, traced_admit
+        return self
+
+    def summary(self) -> dict:
+        return {"admit_s": self.admit_s, "steps": {key: {"count": c, "seconds": s, "tokens": t,
+                                                         "median_ms": statistics.median(ms)}
+                                                   for key, (c, s, t, ms) in sorted(self.steps.items())}}
+
+
+def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]], outputs: dict,
+               traces: dict) -> dict:
+    """newcomer_backoff.one_server with each point's outputs kept in outputs[point] and its steps traced in
+    traces[point] (a StepTrace)."""
     if policy is not None:
         generator.policy = policy
     generator.allocate(max(c for _, c in points), capacity(generator), generator.block)
     served_warm_up(generator, prompts, WARMUP)
     run = {}
-    for context, c in points:
-        key = f"{context}:{c}"
-        outputs[key] = []
-        run[key] = closed_loop(generator, prompts[context], c, outputs[key])
+    try:
+        for context, c in points:
+            key = f"{context}:{c}"
+            outputs[key] = []
+            traces[key] = StepTrace().wrap(generator)
+            run[key] = closed_loop(generator, prompts[context], c, outputs[key])
+    finally:
+        del generator.step, generator.admit  # the class's own again
     return run
 
 
@@ -80,17 +135,18 @@ def main() -> None:
                                                      args.step_mode)
     print(f"[{time.perf_counter() - clock:5.0f} s] loaded and calibrated", file=sys.stderr, flush=True)
     runs, wrong = {name: [] for name in CASES}, {name: [] for name in CASES[1:]}
+    traces = {name: [] for name in CASES}  # per repeat: point -> StepTrace.summary()
     for r in range(args.repeats):
         if time.perf_counter() - clock > args.deadline_s:
             print(f"deadline: {r} repeats done", file=sys.stderr)
             break
         outputs = {}
         for name in (CASES if r % 2 == 0 else CASES[::-1]):
-            policy = {"plain": None, "auto (cost policy)": CostBasedDraftLen(calibrated.cost),
-                      "always 15": FixedDraftLen(spec.generator.block - 1)}[name]
-            outputs[name] = {}
+            policy = case_policy(name, calibrated, spec.generator.block - 1)
+            outputs[name], traced = {}, {}
             generator = plain.generator if name == "plain" else spec.generator
-            runs[name].append(one_server(generator, policy, prompts, points, outputs[name]))
+            runs[name].append(one_server(generator, policy, prompts, points, outputs[name], traced))
+            traces[name].append({key: trace.summary() for key, trace in traced.items()})
         for name in CASES[1:]:
             wrong[name].append(mismatches(outputs[name], outputs["plain"]))
         print(f"[{time.perf_counter() - clock:5.0f} s] repeat {r}: " + "; ".join(
@@ -100,7 +156,7 @@ def main() -> None:
         write_results(args, started, load_before, runs, points, {
             "device": device_record(args.device), "step_mode": spec.generator.step_mode.mode,
             "warmup": WARMUP, "new_tokens": NEW_TOKENS, "requests_differing_from_plain": wrong,
-            "calibration_s": calibrated.cost.meta.get("calibration_s")})
+            "cost_model": calibrated.cost.to_json(), "step_traces": traces})
 
 
 if __name__ == "__main__":
