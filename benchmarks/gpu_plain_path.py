@@ -66,6 +66,8 @@ def profile(generator, sequences, context: int, k: int, steps: int) -> dict:
             "kernel_launches_per_step": sum(e.count for e in events if e.key in ("cudaLaunchKernel",
                                                                                  "cuLaunchKernel")) / steps,
             "device_us_per_step": sum(e.self_device_time_total for e in events) / steps,
+            "top_device_us_per_step": {e.key[:120]: round(e.self_device_time_total / steps, 1) for e in
+                                       sorted(events, key=lambda e: e.self_device_time_total, reverse=True)[:12]},
             "top_self_cpu_us_per_step": {e.key: round(e.self_cpu_time_total / steps, 1) for e in top}}
 
 
