@@ -93,13 +93,22 @@ def test_padded_steps_equal_transformers(pair, compiled, prompts, oracle, mode, 
     """The CUDA-graph step's padding on the CPU: rows rounded up to a power of two (free slots), the verify width
     to a power of two (padding drafts past each row's k), the key span to a bucket; eager and compiled. From 2
     (cuda-graphs' default): a lone request steps as two rows and a plain step as two tokens per row, so no pass
-    has a size of 1 (one compiled graph per pass)."""
+    has a size of 1 (one compiled graph per pass), except plain decoding's: plain-only requests alone step one
+    token per row without capturing the target's features, as the plain engine does."""
     gen = compiled.generator if mode == "compile" else load_pipeline(*pair).generator
     gen.set_step_mode(StepMode(mode, shapes))
     passes, drafter_rows = [], []  # (rows, width, key span, running requests); the drafter's rows
+    plain_only = []  # (width, features captured) of the passes where no running request keeps the drafter's context
     verify, draft = gen.verify_pass, gen.proposer.draft_pass
-    gen.verify_pass = lambda ids, ctx: (passes.append((*ids.shape, ctx.kv_len, len(gen.slots.running)))
-                                        or verify(ids, ctx))
+
+    def spy(ids, ctx):
+        keeping = any(s.drafting for s in gen.slots.running.values())
+        (passes if keeping else plain_only).append((*ids.shape, ctx.kv_len, len(gen.slots.running)))
+        if not keeping:
+            plain_only[-1] = (ids.shape[1], bool(ctx.capture_layer_ids))
+        return verify(ids, ctx)
+
+    gen.verify_pass = spy
     gen.proposer.draft_pass = lambda x, ctx: drafter_rows.append(len(x)) or draft(x, ctx)
     try:
         results = serve(gen, prompts)
@@ -112,6 +121,8 @@ def test_padded_steps_equal_transformers(pair, compiled, prompts, oracle, mode, 
     for prompt, result in zip(prompts + [prompts[2]], results + [lone]):
         assert result.output_ids == hf_greedy(oracle, prompt, len(result.output_ids))
     smallest = shapes.min_rows
+    # plain-only requests alone run plain decoding's pass: one token per row, no features captured
+    assert plain_only and set(plain_only) == {(1, False)}
     assert all(rows in (1, 2, 4) and rows >= max(n, smallest) for rows, _, _, n in passes)
     assert any(rows > n for rows, _, _, n in passes)  # three requests ran as four rows (or one as two)
     widths = {width for _, width, _, _ in passes}

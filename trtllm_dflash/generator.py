@@ -273,7 +273,7 @@ class Generator:
             self.proposer.flush(prompts_only=True)  # prices; the plain steps' is this drafting step's, timed with it
         self.step_mode.begin_step()
         began = time.perf_counter()
-        rows, width = self.padded(n, k)
+        rows, width = self.padded(n, k, any(keeping))
         params = [s.request.sampling for s in running]
         starts, anchors = self.slots.starts[:rows], self.slots.anchors[:rows]
         max_start = max(s.start for s in running)
@@ -287,9 +287,8 @@ class Generator:
         # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
         commit = torch.ones_like(starts) if width == 1 else None
         # the target's features feed the drafter's context: none are captured when no running request keeps one
-        # (plain-only requests alone), so such an eager step runs exactly the ops of plain decoding; compiled
-        # passes always capture (one graph instead of two; the captured rows are then left unused)
-        capture = any(keeping) or self.step_mode.compiled
+        # (plain-only requests alone), so such a step runs exactly plain decoding's pass, compiled or not
+        capture = any(keeping)
         ctx = ForwardContext.cached(positions, self.cache, batch.key_span(width), commit=commit,
                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.verify_pass(tokens, ctx)
@@ -335,13 +334,22 @@ class Generator:
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
 
-    def padded(self, n: int, k: int) -> tuple[int, int]:
+    def padded(self, n: int, k: int, keeping: bool = True) -> tuple[int, int]:
         """-> rows and tokens per row of this step's passes: n and k + 1, or rounded up to the step mode's buckets
-        (rows past n are free slots, whose results are dropped; tokens past k + 1 are padding drafts)."""
+        (rows past n are free slots, whose results are dropped; tokens past k + 1 are padding drafts).
+
+        keeping False (no running request keeps the drafter's context): plain decoding's shape, one token per row.
+        A plain step that keeps the context pads to `StepShapes.min_width` (2 under CUDA graphs: the drafting
+        steps' graph, no extra one to compile); the one plain-only requests run alone does not, as plain
+        decoding's engine does not. On an H100 under CUDA graphs, the built-in pair in float32, the padded plain
+        step cost 1.07x / 1.60x / 0.92x plain decoding's at 1 / 4 / 16 rows (context 128): cuBLAS ran the
+        4 x 2-token rows' GEMMs with kernels taking 2.5x the device time per step
+        (benchmarks/results/gpu_h100_policy/plain_path/)."""
         shapes = self.step_mode.shapes
         if shapes is None:
             return n, k + 1
-        return shapes.rows(n, len(self.slots.starts)), shapes.width(k + 1, self.block)  # starts: usable + spare
+        width = shapes.width(k + 1, self.block) if keeping else shapes.width(1, 1)
+        return shapes.rows(n, len(self.slots.starts)), width  # starts: usable + spare
 
     def own_draft_lengths(self, rows: int, k: int, width: int, mixed: bool) -> torch.Tensor | None:
         """[rows] long, each row's own draft length where it differs from the pass's width - 1 (None: it does not):

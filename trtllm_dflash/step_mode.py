@@ -51,8 +51,9 @@ class StepShapes:
     build at hidden 256, 8 target layers, took 33-34 s instead of 73-77 s there, exact (`python
     benchmarks/compile_regions.py --layers 8 --variants plain,graph-shapes,plain,graph-shapes --output
     benchmarks/results/compile_graph_shapes.json`). The price: a lone request steps as two rows and a plain
-    step as two tokens per row, which a memory-bound GPU step should barely feel (the weights are read once
-    either way; not yet measured on a GPU)."""
+    step that keeps the drafter's context as two tokens per row. Plain-only requests alone step one token per
+    row (`Generator.padded`: plain decoding's pass, one more target graph), since on an H100 the padded plain
+    step of the built-in pair (float32) cost up to 1.6x plain decoding's (benchmarks/results/gpu_h100_policy/)."""
 
     min_span: int = 256  # keys
     min_rows: int = 1
@@ -151,7 +152,8 @@ class StepMode:
 def compile_step_shapes(generator) -> None:
     """A compiled generator's graphs, compiled now (at load) rather than in a request. Batches of 1, 2 and 3 rows
     step plain, one draft and the whole block, twice each at growing key spans (symbolic from the first graph),
-    so every specialisation (one row or several, one token or a block) is compiled with the sizes that vary
+    then plain with no request keeping the drafter's context (plain decoding's pass), so every specialisation
+    (one row or several, one token or a block, features captured or not) is compiled with the sizes that vary
     symbolic. Leaves the generator allocated and idle."""
     from .request import Request
 
@@ -164,6 +166,10 @@ def compile_step_shapes(generator) -> None:
         sequences = g.admit([Request(p, steps * g.block, ignore_eos=True) for p in prompts])
         for k in lens * 2:
             g.step(k)
+        if g.block > 1:  # requests alone that keep no drafter context: plain decoding's pass (`Generator.padded`)
+            g.stop_drafting([seq for seq in sequences if not seq.done])
+            for _ in range(2):
+                g.step(0)
         for seq in sequences:
             if not seq.done:
                 g.cancel(seq, "warm-up")
