@@ -181,3 +181,39 @@ def test_step_modes_are_validated():
     assert [shapes.span(n) for n in (10, 256, 257, 5000)] == [256, 256, 512, 8192]
     assert [GRAPH_SHAPES.rows(n, 8) for n in (1, 2, 3)] == [2, 2, 4] and GRAPH_SHAPES.rows(1, 1) == 1
     assert [GRAPH_SHAPES.width(t, 16) for t in (1, 2, 3)] == [2, 2, 4] and GRAPH_SHAPES.width(1, 1) == 1
+
+
+class TimedRecorder(DraftLenPolicy):
+    """Whole-block drafts every other step; records which steps the generator times for the live cost correction."""
+
+    def __init__(self):
+        self.steps, self.timed_steps = 0, []
+
+    def choose(self, batch):
+        self.steps += 1
+        return 15 if self.steps % 2 else 0
+
+    def timed(self, rows, context, draft_len, seconds):
+        self.timed_steps.append(self.steps)
+
+
+def test_a_padded_shapes_first_steps_since_the_allocation_are_not_fed_to_the_live_cost(pair, prompts):
+    """Their time is CUDA graphs' warm-up and recording (StepMode.settle_calls; one call in eager mode), not a
+    step's; a new allocation records every shape again."""
+    gen = load_pipeline(*pair).generator
+    gen.set_step_mode(StepMode("eager", SHAPES))
+    shapes, verify = [], gen.verify_pass
+    gen.verify_pass = lambda ids, ctx: shapes.append((*ids.shape, ctx.kv_len)) or verify(ids, ctx)
+    try:
+        for _ in range(2):  # two allocations, the same requests
+            gen.policy, shapes[:] = TimedRecorder(), []
+            gen.allocate(2, 120, gen.block)
+            gen.admit([Request(tuple(p), 30, ignore_eos=True) for p in prompts[:2]])
+            while gen.slots.running:
+                gen.step()
+            seen = [shape in shapes[:i] for i, shape in enumerate(shapes)]
+            assert gen.policy.timed_steps == [i + 1 for i, again in enumerate(seen) if again]
+            assert 0 < len(gen.policy.timed_steps) < len(shapes)
+    finally:
+        gen.verify_pass = verify
+        gen.set_step_mode(StepMode("eager"))

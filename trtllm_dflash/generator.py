@@ -10,6 +10,7 @@ k chosen by the draft-length policy (k = 0: a plain step, the target alone); any
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -69,6 +70,7 @@ class Generator:
         self.policy: DraftLenPolicy = FixedDraftLen()  # the whole block every step, unless told otherwise
         self.step_mode = StepMode()
         self.verify_pass = target  # the target's cached pass (plain step, verify): the module, or compiled
+        self.shape_calls: Counter = Counter()  # padded steps since the allocation per (rows, width, key span)
 
     def set_step_mode(self, mode: StepMode) -> None:
         """How steps run the target's and the proposer's passes (step_mode.py); call before `allocate`."""
@@ -116,6 +118,7 @@ class Generator:
         drafting = torch.zeros(rows, dtype=torch.bool, device=self.device)
         self.slots = Slots(zeros, zeros.clone(), steps, table, drafting, num_slots)
         self.block, self.capacity = block, capacity
+        self.shape_calls = Counter()  # new cache addresses: CUDA graphs record every shape again
         self.policy.prepare(self)
 
     def validate(self, request: Request) -> None:
@@ -289,7 +292,8 @@ class Generator:
         # the target's features feed the drafter's context: none are captured when no running request keeps one
         # (plain-only requests alone), so such a step runs exactly plain decoding's pass, compiled or not
         capture = any(keeping)
-        ctx = ForwardContext.cached(positions, self.cache, batch.key_span(width), commit=commit,
+        span = batch.key_span(width)
+        ctx = ForwardContext.cached(positions, self.cache, span, commit=commit,
                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.verify_pass(tokens, ctx)
         slots = ctx.slots
@@ -321,7 +325,8 @@ class Generator:
                                                [a + 1 if d else 0 for a, d in zip(accepted, keeping)]))
         now = time.perf_counter()
         if any(keeping):
-            self.policy.timed(n, max_start, k, now - began)
+            if self.settled((rows, width, span)):
+                self.policy.timed(n, max_start, k, now - began)
             self.policy.observe([s.slot for s in running], k, accepted, keeping if mixed else None)
         else:  # plain-only requests alone: none drafts again, so the step teaches nothing (the cost policy's
             self.policy.plain_only_step()  # bookkeeping was ~60 us a step here: benchmarks/plain_only_host.py)
@@ -333,6 +338,16 @@ class Generator:
             seq.result.draft_lengths.append(own)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
         return running
+
+    def settled(self, shape: tuple[int, int, int]) -> bool:
+        """Whether a step at this padded shape (rows, width, key span) costs what a step costs: not one of its first
+        `StepMode.settle_calls` since the allocation, which warm up and record its CUDA graphs (16-26 ms against
+        2-3 ms steady on an H100, benchmarks/results/gpu_h100_policy/RUN.md). Only settled steps are fed to the
+        cost policy's live correction, as calibration times only settled cells. Unpadded steps always are."""
+        if self.step_mode.shapes is None:
+            return True
+        self.shape_calls[shape] += 1
+        return self.shape_calls[shape] > self.step_mode.settle_calls
 
     def padded(self, n: int, k: int, keeping: bool = True) -> tuple[int, int]:
         """-> rows and tokens per row of this step's passes: n and k + 1, or rounded up to the step mode's buckets
