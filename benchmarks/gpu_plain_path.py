@@ -71,6 +71,46 @@ def profile(generator, sequences, context: int, k: int, steps: int) -> dict:
             "top_self_cpu_us_per_step": {e.key: round(e.self_cpu_time_total / steps, 1) for e in top}}
 
 
+def measure(spec, plain, batches: list[int], contexts: list[int], rounds: int, steps: int, log=None) -> tuple:
+    """-> (cells, profiles) on the two pipelines' generators (both allocated for max(batches) rows and idle)."""
+    cells, profiles = {}, {}
+    for batch in batches:
+        groups = {"plain": (plain.generator, admitted(plain.generator, batch, None), 0)}
+        groups["plain-only"] = (spec.generator, admitted(spec.generator, batch, False), 0)
+        samples = {(case, c): [] for case in CASES for c in contexts}
+        for r in range(rounds + 2):  # two settle rounds: CUDA graphs record each new shape on its 2nd call
+            for case in (CASES if r % 2 == 0 else CASES[::-1]):
+                if case == "drafting 15":  # its own requests: the plain-only ones cannot draft
+                    for seq in groups["plain-only"][1]:
+                        spec.generator.cancel(seq, "benchmark")
+                    gen, seqs, k = spec.generator, admitted(spec.generator, batch, True), spec.generator.block - 1
+                else:
+                    gen, seqs, k = groups[case]
+                for c in contexts:
+                    ms = timed_steps(gen, seqs, c, k, steps)
+                    if r >= 2:
+                        samples[case, c] += ms
+                if case == "drafting 15":
+                    for seq in seqs:
+                        spec.generator.cancel(seq, "benchmark")
+                    groups["plain-only"] = (spec.generator, admitted(spec.generator, batch, False), 0)
+        for (case, c), ms in samples.items():
+            q = statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3
+            cells[f"{case} batch {batch} context {c}"] = {"median_ms": q[1], "quartiles_ms": [q[0], q[2]],
+                                                          "steps": len(ms)}
+        if batch == batches[len(batches) // 2]:
+            for case in ("plain", "plain-only"):
+                gen, seqs, k = groups[case]
+                profiles[f"{case} batch {batch} context {contexts[0]}"] = profile(gen, seqs, contexts[0], k, steps)
+        for gen, seqs, _ in groups.values():
+            for seq in seqs:
+                gen.cancel(seq, "benchmark")
+        if log:
+            log(f"batch {batch}: " + "; ".join(f"{key.split(' batch')[0]} @{key.split()[-1]} {v['median_ms']:.3f}"
+                                              for key, v in cells.items() if f"batch {batch} " in key))
+    return cells, profiles
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5)
@@ -87,42 +127,8 @@ def main() -> None:
     spec, plain, _, _ = offline_pairs(args.threads, max(batches), args.device, args.step_mode)
     plain.generator.allocate(max(batches), capacity(plain.generator), plain.generator.block)
     print(f"[{time.perf_counter() - clock:5.0f} s] loaded", file=sys.stderr, flush=True)
-    cells, profiles = {}, {}
-    for batch in batches:
-        groups = {"plain": (plain.generator, admitted(plain.generator, batch, None), 0)}
-        groups["plain-only"] = (spec.generator, admitted(spec.generator, batch, False), 0)
-        samples = {(case, c): [] for case in CASES for c in contexts}
-        for r in range(args.rounds + 2):  # two settle rounds: CUDA graphs record each new shape on its 2nd call
-            for case in (CASES if r % 2 == 0 else CASES[::-1]):
-                if case == "drafting 15":  # its own requests: the plain-only ones cannot draft
-                    for seq in groups["plain-only"][1]:
-                        spec.generator.cancel(seq, "benchmark")
-                    gen, seqs, k = spec.generator, admitted(spec.generator, batch, True), spec.generator.block - 1
-                else:
-                    gen, seqs, k = groups[case]
-                for c in contexts:
-                    ms = timed_steps(gen, seqs, c, k, args.steps)
-                    if r >= 2:
-                        samples[case, c] += ms
-                if case == "drafting 15":
-                    for seq in seqs:
-                        spec.generator.cancel(seq, "benchmark")
-                    groups["plain-only"] = (spec.generator, admitted(spec.generator, batch, False), 0)
-        for (case, c), ms in samples.items():
-            q = statistics.quantiles(ms, n=4) if len(ms) > 1 else [ms[0]] * 3
-            cells[f"{case} batch {batch} context {c}"] = {"median_ms": q[1], "quartiles_ms": [q[0], q[2]],
-                                                          "steps": len(ms)}
-        if batch == batches[len(batches) // 2]:
-            for case in ("plain", "plain-only"):
-                gen, seqs, k = groups[case]
-                profiles[f"{case} batch {batch} context {contexts[0]}"] = profile(gen, seqs, contexts[0], k,
-                                                                                 args.steps)
-        for gen, seqs, _ in groups.values():
-            for seq in seqs:
-                gen.cancel(seq, "benchmark")
-        print(f"[{time.perf_counter() - clock:5.0f} s] batch {batch}: " + "; ".join(
-            f"{key.split(' batch')[0]} @{key.split()[-1]} {v['median_ms']:.3f}" for key, v in cells.items()
-            if f"batch {batch} " in key), file=sys.stderr, flush=True)
+    cells, profiles = measure(spec, plain, batches, contexts, args.rounds, args.steps, log=lambda line: print(
+        f"[{time.perf_counter() - clock:5.0f} s] {line}", file=sys.stderr, flush=True))
     record = {"command": "python " + " ".join(sys.argv),
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
               "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,

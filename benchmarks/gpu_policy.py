@@ -15,12 +15,14 @@ The cases alternate order per repeat. Per point: output tokens/s, each DFlash ca
 for token (greedy). Also the calibrated cost model, and per case, repeat and point the steps per (rows, draft
 length, rows keeping the drafter's context) with their seconds and tokens, and the admissions' seconds.
 Writes DIR/gpu_policy.json after every repeat, so a lease that runs out keeps the repeats done; no repeat
-starts after --deadline-s.
+starts after --deadline-s. `--plain-path-rounds N` first runs gpu_plain_path.py's measurement on the same
+pipelines (DIR/gpu_plain_path.json): one load and compile for both.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -110,6 +112,21 @@ def mismatches(outputs: dict, reference: dict) -> dict:
     return {key: sum(a != b for a, b in zip(outputs[key], reference[key])) for key in reference}
 
 
+def plain_path(args, spec, plain, slots: int, clock: float) -> None:
+    """gpu_plain_path.py's cells and profiles on these pipelines (one load for both scripts' measurements)."""
+    import gpu_plain_path
+
+    plain.generator.allocate(slots, capacity(plain.generator), plain.generator.block)
+    batches = sorted({1, min(4, slots), slots})
+    cells, profiles = gpu_plain_path.measure(spec, plain, batches, [128, 1024], args.plain_path_rounds, 20, log=(
+        lambda line: print(f"[{time.perf_counter() - clock:5.0f} s] plain path: {line}", file=sys.stderr, flush=True)))
+    out = Path(args.out) / "gpu_plain_path.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "device": device_record(args.device),
+                               "torch": torch.__version__, "step_mode": spec.generator.step_mode.mode,
+                               "batches": batches, "cells": cells, "profiles": profiles}, indent=1) + "\n")
+
+
 def device_record(device: str) -> dict:
     if not device.startswith("cuda"):
         return {"device": device}
@@ -126,6 +143,9 @@ def main() -> None:
     p.add_argument("--step-mode", default=None, help="eager, compile or cuda-graphs; default: the device's")
     p.add_argument("--points", default="short:1,short:4,short:16,1024:1,1024:16", help="context:concurrency")
     p.add_argument("--deadline-s", type=float, default=1e9, help="no repeat starts after this many seconds")
+    p.add_argument("--plain-path-rounds", type=int, default=0,
+                   help="first, gpu_plain_path.py's measurement with this many rounds on the same pipelines "
+                        "(0: none); written to DIR/gpu_plain_path.json")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args()
     args.output = Path(args.out) / "gpu_policy.json"
@@ -134,6 +154,8 @@ def main() -> None:
     spec, plain, prompts, calibrated = offline_pairs(args.threads, max(c for _, c in points), args.device,
                                                      args.step_mode)
     print(f"[{time.perf_counter() - clock:5.0f} s] loaded and calibrated", file=sys.stderr, flush=True)
+    if args.plain_path_rounds:
+        plain_path(args, spec, plain, max(c for _, c in points), clock)
     runs, wrong = {name: [] for name in CASES}, {name: [] for name in CASES[1:]}
     traces = {name: [] for name in CASES}  # per repeat: point -> StepTrace.summary()
     for r in range(args.repeats):
