@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from oracle import hf_greedy
-from trtllm_dflash.draft_length.calibrate import (CalibrationCache, CalibrationPlan, calibration_key, calibrator,
-                                                  measure)
+from trtllm_dflash.draft_length.calibrate import (PLAIN_LEAD_STEPS, CalibrationCache, CalibrationPlan,
+                                                  calibration_key, calibrator, measure)
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen
 from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.pairs import held_out_texts, stdlib_pair
@@ -97,7 +97,9 @@ def test_a_cost_model_for_other_threads_is_not_used(pair, tmp_path):
 class FakeGenerator:
     """Steps cost a scripted time on a fake clock: 1 ms + 0.5 ms per draft token per row + 1 us per context
     token, and the first `step_mode.settle_calls` steps of every (batch, context, draft length) 100 ms (a
-    first call's allocations, or CUDA graphs' warm-up and recording: what the calibration must leave out)."""
+    first call's allocations, or CUDA graphs' warm-up and recording: what the calibration must leave out); a
+    step right after one of another draft length 2 ms more (a plain step after a whole-block one ran up to
+    1.38x a plain run's on the CPU: not what a run of either costs)."""
 
     def __init__(self, slots=8, capacity=600, block=8, step_mode=StepMode()):
         self.slots = type("Slots", (), {"usable": slots, "running": {}})()
@@ -105,7 +107,8 @@ class FakeGenerator:
         self.device, self.target = torch.device("cpu"), type("T", (), {"tp": type("P", (), {"world": 1})})()
         self.calls, self.step_mode = [], step_mode
 
-    def admit(self, requests):
+    def admit(self, requests, drafting=None):
+        assert drafting is True  # every cell drafts its k, whatever a policy would say of newcomers
         self.rows = len(requests)
         return [type("Seq", (), {"done": False, "slot": i})() for i in range(len(requests))]
 
@@ -114,8 +117,9 @@ class FakeGenerator:
 
     def step(self, k):
         settling = self.calls.count((self.rows, self.context, k)) < self.step_mode.settle_calls
+        switched = bool(self.calls) and self.calls[-1][2] != k
         self.calls.append((self.rows, self.context, k))
-        self.now += 0.1 if settling else 1e-3 + 5e-4 * k * self.rows + 1e-6 * self.context
+        self.now += 0.1 if settling else 1e-3 + 5e-4 * k * self.rows + 1e-6 * self.context + 2e-3 * switched
 
     def cancel(self, seq, reason):
         seq.done = True
@@ -126,6 +130,7 @@ class FakeGenerator:
 
 @pytest.mark.parametrize("mode", ("eager", "cuda-graphs"))
 def test_measure_fills_the_grid_from_interleaved_repeats_after_each_cell_settles(mode):
+    """Each cell's time is what a run of its steps costs: settled, and timed after a step of its own kind."""
     gen = FakeGenerator(step_mode=StepMode(mode))
     plan = CalibrationPlan.covering(max_batch=6, max_draft_len=7, max_context=500, repeats=3)
     assert plan.batch_sizes == (1, 2, 4, 6) and plan.draft_lens == (0, 1, 2, 4, 7) and plan.contexts == (128, 500)
@@ -135,9 +140,11 @@ def test_measure_fills_the_grid_from_interleaved_repeats_after_each_cell_settles
             expected = [1e-3 + 5e-4 * k * batch + 1e-6 * context for k in plan.draft_lens]
             assert model.seconds[c][b] == pytest.approx(expected)
     settle = 10 * gen.step_mode.settle_calls  # untimed steps of batch 1: each of its 10 cells settles first
-    first_round = [k for rows, _, k in gen.calls[settle:settle + 10]]
-    second_round = [k for rows, _, k in gen.calls[settle + 10:settle + 20]]
-    assert first_round[:5] == [0, 1, 2, 4, 7] and second_round[:5] == [1, 2, 4, 7, 0]
+    per_round = 2 * 2 * 5 + 2 * (PLAIN_LEAD_STEPS - 1)  # each cell: untimed steps of its kind, then a timed one
+    first_round = [k for rows, _, k in gen.calls[settle:settle + per_round]]
+    second_round = [k for rows, _, k in gen.calls[settle + per_round:settle + 2 * per_round]]
+    assert first_round[:12] == [0] * (PLAIN_LEAD_STEPS + 1) + [1, 1, 2, 2, 4, 4, 7, 7]
+    assert second_round[:8] == [1, 1, 2, 2, 4, 4, 7, 7] and second_round[8:8 + PLAIN_LEAD_STEPS + 1] == [0] * 4
     assert model.meta["worst_cell_max_over_min"] == pytest.approx(1.0)  # no settling step among the samples
 
 

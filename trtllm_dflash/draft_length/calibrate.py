@@ -7,9 +7,16 @@ context) of a small grid. Every cell first steps untimed as often as the step mo
 new shape (`StepMode.settle_calls`: CUDA graphs warm up and record each padded shape on its first two
 calls, which measured 2x a replayed step on an H100 when they were in the samples). Repeats are
 interleaved over draft lengths and contexts, so a machine that gets busier mid-way shifts every draft
-length alike; the median of the repeats is kept and made non-decreasing in the draft length. The model
-is valid for one device, thread count, torch version and engine: that key names the cache file
-(`ENGINE/calibration/step-cost-<key>.json`).
+length alike, and each timed step follows untimed ones of the same draft length and context, as steps
+follow each other in a run of them: a plain cell after 3 plain steps (`PLAIN_LEAD_STEPS`), a drafting cell
+after 1. On this CPU a whole-block step slows the plain steps after it (batch 4, context 128: +0.59, +0.46 and
++0.23 ms over a 3.2 ms plain run), and plain cells each timed right after another draft length came out
+1.02 / 1.29 / 1.17x a steady plain-only step at batch 1 / 4 / 16, with the leads 0.96 / 1.11 / 1.07x (the cell
+is a step that keeps the drafter's context; medians of 5, `python benchmarks/calibration_lead.py --repeats 5`,
+benchmarks/results/calibration_lead.json): the policy had taken drafting for up to 29 % better against plain
+than it was. Whole-block cells are within 6 % of a steady run either way. The median of the repeats is kept and made
+non-decreasing in the draft length. The model is valid for one device, thread count, torch version and
+engine: that key names the cache file (`ENGINE/calibration/step-cost-<key>.json`).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from ..request import Request
 from .cost import CostModel, monotone
 
 DRAFT_LENS = (0, 1, 2, 4, 8, 16, 32)  # measured draft lengths (the rest is interpolated; cost is near linear)
+PLAIN_LEAD_STEPS = 3  # untimed plain steps before a timed one: a whole-block step slows ~3 after it (below)
 SHORT_CONTEXT = 128
 
 
@@ -37,6 +45,8 @@ class CalibrationPlan:
     draft_lens: tuple[int, ...]
     contexts: tuple[int, ...]
     repeats: int = 3
+    plain_lead: int = PLAIN_LEAD_STEPS  # untimed steps of its kind before each timed plain step
+    draft_lead: int = 1  # ... before each timed drafting step
 
     @classmethod
     def covering(cls, max_batch: int, max_draft_len: int, max_context: int, repeats: int = 3) -> CalibrationPlan:
@@ -94,7 +104,7 @@ def measure_batch(generator, plan: CalibrationPlan, batch: int, clock) -> dict[t
     """-> {(context, batch, draft_len): [seconds per repeat]} for one batch size."""
     budget = generator.capacity - generator.block - 2  # max_new_tokens that still validates
     requests = [Request((0,), budget, ignore_eos=True) for _ in range(batch)]
-    sequences = generator.admit(requests)
+    sequences = generator.admit(requests, drafting=True)  # whatever the policy says of newcomers: k is the plan's
     samples: dict[tuple, list[float]] = {}
     try:
         for _ in range(generator.step_mode.settle_calls):  # first-call costs stay out of the samples
@@ -106,6 +116,9 @@ def measure_batch(generator, plan: CalibrationPlan, batch: int, clock) -> dict[t
             lens = plan.draft_lens[r % len(plan.draft_lens):] + plan.draft_lens[: r % len(plan.draft_lens)]
             for context in plan.contexts:
                 for k in lens:
+                    for _ in range(plan.draft_lead if k else plan.plain_lead):  # untimed, of its kind
+                        generator.hold(sequences, context)
+                        generator.step(k)
                     generator.hold(sequences, context)
                     t0 = clock()
                     generator.step(k)
