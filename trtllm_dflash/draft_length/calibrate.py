@@ -37,6 +37,9 @@ from .cost import CostModel, monotone
 DRAFT_LENS = (0, 1, 2, 4, 8, 16, 32)  # measured draft lengths (the rest is interpolated; cost is near linear)
 PLAIN_LEAD_STEPS = 3  # untimed plain steps before a timed one: a whole-block step slows ~3 after it (below)
 SHORT_CONTEXT = 128
+# how cells are timed: a cached model measured another way is measured again (2: cells after lead steps of
+# their own kind; models cached before carry no procedure and read as 1, whose plain cells ran up to 1.29x high)
+PROCEDURE = 2
 
 
 @dataclass(frozen=True)
@@ -75,7 +78,8 @@ def device_name(device: torch.device) -> str:
 def calibration_key(generator) -> dict:
     """What a measured cost is valid for."""
     return {"device": device_name(generator.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
-            "tp_size": generator.target.tp.world, "block": generator.block, "step_mode": generator.step_mode.mode}
+            "tp_size": generator.target.tp.world, "block": generator.block, "step_mode": generator.step_mode.mode,
+            "procedure": PROCEDURE}
 
 
 def measure(generator, plan: CalibrationPlan, clock=time.perf_counter) -> CostModel:
