@@ -48,9 +48,7 @@ def calibrated(generator, plain_lead: int, draft_lead: int) -> dict:
 
 def after_effect(generator, batch: int, cycles: int = 15) -> dict:
     """-> median ms of plain steps alone, and of each of the three plain steps after a whole-block step."""
-    from trtllm_dflash.request import Request
-
-    seqs = generator.admit([Request((0,) * (20 + i), 500, ignore_eos=True) for i in range(batch)], drafting=True)
+    seqs = gpu_plain_path.admitted(generator, batch, True)
     times: dict[str, list[float]] = {}
     for label, cycle in (("plain run", [0, 0, 0, 0]), ("after a whole block", [15, 0, 0, 0])):
         for _ in range(cycles):

@@ -58,7 +58,7 @@ class StepTrace:
         self.admit_s = 0.0
 
     def wrap(self, generator):
-        step, admit = type(generator).step.__get__(generator), type(generator).admit.__get__(generator)
+        step, admit = generator.step, generator.admit  # the class's own, bound
 
         def traced_step(*a, **kw):
             t0 = time.perf_counter()

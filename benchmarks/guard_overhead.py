@@ -16,6 +16,7 @@ Writes benchmarks/results/guard_overhead.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -41,7 +42,7 @@ def run(generator, lengths: list[int], steps: int, profiled: bool) -> tuple[floa
 
     seqs = generator.admit([Request((0,) * (20 + i), 500, ignore_eos=True) for i in range(BATCH)])
     ks, times = (lengths * steps)[:steps], []
-    with profile(activities=[ProfilerActivity.CPU]) if profiled else _null() as prof:
+    with profile(activities=[ProfilerActivity.CPU]) if profiled else contextlib.nullcontext() as prof:
         for k in ks:
             generator.hold(seqs, CONTEXT)
             t0 = time.perf_counter()
@@ -54,14 +55,6 @@ def run(generator, lengths: list[int], steps: int, profiled: bool) -> tuple[floa
     us = lookup[0].cpu_time_total / steps if lookup else float("nan")
     count = lookup[0].count / steps if lookup else float("nan")
     return statistics.median(times) * 1e3, us, count
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def main() -> None:

@@ -349,7 +349,7 @@ class Generator:
         self.shape_calls[shape] += 1
         return self.shape_calls[shape] > self.step_mode.settle_calls
 
-    def padded(self, n: int, k: int, keeping: bool = True) -> tuple[int, int]:
+    def padded(self, n: int, k: int, keeping: bool) -> tuple[int, int]:
         """-> rows and tokens per row of this step's passes: n and k + 1, or rounded up to the step mode's buckets
         (rows past n are free slots, whose results are dropped; tokens past k + 1 are padding drafts).
 

@@ -367,9 +367,10 @@ class CostBasedDraftLen(DraftLenPolicy):
         plain step's rate by the batch's margin. Where none does, a probe or a newcomer's drafter context is pure
         cost: on the built-in pair at batch 16 (k drafts cost about 1.8 to 4.4 plain steps at 128 tokens,
         benchmarks/results/reachable_batches.json) a request keeping the context beside 15 plain-only ones emits at
-        best 15 + k + 1 tokens in a step that costs what 28 to 70 plain tokens do, and must beat 1.25 times that; yet a served closed loop at concurrency 16 probed such batches
-        every repeat (benchmarks/results/serve_step_trace/trace.json: 1 to 4 rows of 14-15 keeping it, 10-13 ms each,
-        and those rows' plain steps capturing the target's features). On a GPU, whose verify of a block costs
+        best 15 + k + 1 tokens in a step that costs what 28 to 70 plain tokens do, and must beat 1.25 times that;
+        yet a served closed loop at concurrency 16 probed such batches every repeat
+        (benchmarks/results/serve_step_trace/trace.json: 1 to 4 rows of 14-15 keeping it, 10-13 ms each, and those
+        rows' plain steps capturing the target's features). On a GPU, whose verify of a block costs
         little more than a plain step, the same batch is reachable. Requests admitted
         plain-only beside the others there stay so (as any plain-only admission does) when the batch later shrinks."""
         seconds = self.step_seconds(batch)  # [K + 1]
