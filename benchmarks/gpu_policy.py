@@ -1,8 +1,8 @@
 """Issue 16 on a GPU: the cost policy (`--draft-len auto`) against plain decoding, always drafting the whole block
 and never drafting, offline, the built-in pair on one CUDA device in its default step mode (cuda-graphs).
 
-    python benchmarks/gpu_policy.py --out DIR [--repeats 5] [--deadline-s 400]
-                                    [--points short:1,short:4,short:16,1024:1,1024:16]
+    python benchmarks/gpu_policy.py --out DIR [--repeats 5] [--deadline-s 400] [--plain-path-rounds N]
+                                    [--admission-rounds N] [--points short:1,short:4,short:16,1024:1,1024:16]
     python benchmarks/gpu_policy.py --device cpu --step-mode eager --repeats 1 --points short:1 --out /tmp/p  # smoke
 
 The served benchmark's workload without the server (newcomer_admission.py's: held-out snippets and 1024-token
@@ -13,10 +13,11 @@ step drafting 15 tokens, or with none drafting (the DFlash engine's plain path: 
 The cases alternate order per repeat. Per point: output tokens/s, each DFlash case's ratio to plain per repeat
 (median, range), requests that never drafted, and whether every request's output equals plain decoding's token
 for token (greedy). Also the calibrated cost model, and per case, repeat and point the steps per (rows, draft
-length, rows keeping the drafter's context) with their seconds and tokens, and the admissions' seconds.
+length, rows keeping the drafter's context) with their seconds and tokens, and the admit calls and their seconds.
 Writes DIR/gpu_policy.json after every repeat, so a lease that runs out keeps the repeats done; no repeat
 starts after --deadline-s. `--plain-path-rounds N` first runs gpu_plain_path.py's measurement on the same
-pipelines (DIR/gpu_plain_path.json): one load and compile for both.
+pipelines (DIR/gpu_plain_path.json), `--admission-rounds N` gpu_admission.py's (DIR/gpu_admission.json): one
+load and compile for all.
 """
 
 from __future__ import annotations
@@ -56,9 +57,12 @@ class StepTrace:
     def __init__(self):
         self.steps: dict[str, list] = {}  # "rows k keep" -> [count, seconds, tokens, [ms per step]]
         self.admit_s = 0.0
+        self.admits = 0  # admit calls (one batched prefill each)
 
     def wrap(self, generator):
-        step, admit = generator.step, generator.admit  # the class's own, bound
+        # the class's own, bound: generator.step may already be an earlier point's wrapper (an instance
+        # attribute), which would trace this point's steps into that point's cells too
+        step, admit = type(generator).step.__get__(generator), type(generator).admit.__get__(generator)
 
         def traced_step(*a, **kw):
             t0 = time.perf_counter()
@@ -76,15 +80,16 @@ class StepTrace:
             t0 = time.perf_counter()
             out = admit(*a, **kw)
             self.admit_s += time.perf_counter() - t0
+            self.admits += 1
             return out
 
         generator.step, generator.admit = traced_step, traced_admit
         return self
 
     def summary(self) -> dict:
-        return {"admit_s": self.admit_s, "steps": {key: {"count": c, "seconds": s, "tokens": t,
-                                                         "median_ms": statistics.median(ms)}
-                                                   for key, (c, s, t, ms) in sorted(self.steps.items())}}
+        steps = {key: {"count": c, "seconds": s, "tokens": t, "median_ms": statistics.median(ms)}
+                 for key, (c, s, t, ms) in sorted(self.steps.items())}
+        return {"admit_s": self.admit_s, "admits": self.admits, "steps": steps}
 
 
 def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]], outputs: dict,
@@ -127,6 +132,17 @@ def plain_path(args, spec, plain, slots: int, clock: float) -> None:
                                "batches": batches, "cells": cells, "profiles": profiles}, indent=1) + "\n")
 
 
+def admission(args, spec, plain, prompts: dict, slots: int, started: float, clock: float) -> None:
+    """gpu_admission.py's cells on these pipelines: admit calls with the prefill compiled and eager."""
+    import gpu_admission
+
+    plain.generator.allocate(slots, capacity(plain.generator), plain.generator.block)
+    cells = gpu_admission.measure(spec, plain, prompts, sorted({1, slots}), args.admission_rounds, 5, log=(
+        lambda line: print(f"[{time.perf_counter() - clock:5.0f} s] admission: {line}", file=sys.stderr,
+                           flush=True)))
+    gpu_admission.write(args, started, spec, cells)
+
+
 def device_record(device: str) -> dict:
     if not device.startswith("cuda"):
         return {"device": device}
@@ -146,6 +162,9 @@ def main() -> None:
     p.add_argument("--plain-path-rounds", type=int, default=0,
                    help="first, gpu_plain_path.py's measurement with this many rounds on the same pipelines "
                         "(0: none); written to DIR/gpu_plain_path.json")
+    p.add_argument("--admission-rounds", type=int, default=0,
+                   help="first, gpu_admission.py's measurement with this many rounds on the same pipelines "
+                        "(0: none); written to DIR/gpu_admission.json")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     args = p.parse_args()
     args.output = Path(args.out) / "gpu_policy.json"
@@ -156,6 +175,8 @@ def main() -> None:
     print(f"[{time.perf_counter() - clock:5.0f} s] loaded and calibrated", file=sys.stderr, flush=True)
     if args.plain_path_rounds:
         plain_path(args, spec, plain, max(c for _, c in points), clock)
+    if args.admission_rounds:
+        admission(args, spec, plain, prompts, max(c for _, c in points), started, clock)
     runs, wrong = {name: [] for name in CASES}, {name: [] for name in CASES[1:]}
     traces = {name: [] for name in CASES}  # per repeat: point -> StepTrace.summary()
     for r in range(args.repeats):

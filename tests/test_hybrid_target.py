@@ -233,6 +233,25 @@ def test_cuda_graph_buckets_stay_exact(hybrid):
     assert {w for _, w in widths} == {2, 4, 6} and min(rows for rows, _ in widths) == 2
 
 
+@text_only
+def test_compiled_prefill_stays_exact(hybrid):
+    """Compiled modes prefill through torch.compile, each prompt right-padded to `step_mode.PREFILL_ALIGN` tokens:
+    the recurrent layers fold only each row's real tokens (12, 5 and 30 of 16, 16 and 32), alone or batched, and
+    prompt lengths are symbolic: one graph for a lone prompt, one for several (the cached passes run eager here:
+    this is the prefill's test, and compiling them would add minutes)."""
+    _, path, expected = hybrid
+    gen = Generator(load_target(path).model, ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)]))
+    gen.set_step_mode(StepMode("compile"))
+    gen.verify_pass, prefill, widths = gen.target, gen.prefill_pass, []
+    gen.prefill_pass = lambda ids, ctx: widths.append(ids.shape) or prefill(ids, ctx)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    alone = [gen.generate([Request(tuple(p), NEW, ignore_eos=True)])[0].output_ids for p in PROMPTS]
+    batched = gen.generate([Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
+    assert alone == expected and [r.output_ids for r in batched] == expected
+    assert not prefill.failed and torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs + 2
+    assert widths == [(1, 16), (1, 16), (1, 32), (3, 32)]
+
+
 def tp_engines_give(path, expected, tmp_path) -> None:
     """dflash-build torch engines of `path` at TP=1 and TP=2 (under tmp_path/tp1, tp2) decode the first two
     PROMPTS greedily into `expected`."""

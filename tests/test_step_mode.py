@@ -81,7 +81,7 @@ def test_compiled_steps_equal_transformers_and_compile_nothing_after_the_load(co
     before = graphs()
     results = serve(gen, prompts)
     assert graphs() == before  # batch sizes 1-4, draft lengths 0-15, moves, a plain-only row: no new graph
-    assert not gen.verify_pass.failed and not gen.proposer.draft_pass.failed
+    assert not gen.verify_pass.failed and not gen.proposer.draft_pass.failed and not gen.prefill_pass.failed
     for prompt, result in zip(prompts, results):
         assert result.output_ids == hf_greedy(oracle, prompt, len(result.output_ids))
     assert sum(r.accepted_tokens for r in results) > 0
@@ -156,15 +156,18 @@ def test_padding_rows_change_no_sampled_token(pair, prompts):
 
 def test_a_target_that_does_not_compile_runs_eager_with_one_warning(tmp_path, capfd):
     """gpt-oss's experts run torch's grouped GEMM, whose compiled kernel takes bf16 only: in float32 the target's
-    pass fails to compile at the load's warm-up, warns once, and decodes exactly, eagerly."""
+    cached pass and its prefill fail to compile at the load's warm-up, each warns once, and it decodes exactly,
+    eagerly."""
     hf = make_hf_target(tmp_path / "t", "gpt_oss", seed=3)
     pipeline = load_pipeline(tmp_path / "t", step_mode="compile")
     gen = pipeline.generator
     assert gen.verify_pass.failed and "bf16" in gen.verify_pass.failed.lower()
+    assert gen.prefill_pass.failed and "bf16" in gen.prefill_pass.failed.lower()
     prompt = [5, 6, 7, 8, 9, 10, 11]
     assert gen.generate([Request(tuple(prompt), 16, ignore_eos=True)])[0].output_ids == hf_greedy(hf, prompt, 16)
     warnings = [line for line in capfd.readouterr().err.splitlines() if "does not compile" in line]
-    assert len(warnings) == 1 and "TargetModel" in warnings[0]
+    assert len(warnings) == 2 and {w.split(" does not")[0].split("the ")[-1] for w in warnings} == {
+        "TargetModel pass", "TargetModel prefill"}  # once per pass
 
 
 def test_step_modes_are_validated():

@@ -70,12 +70,14 @@ class Generator:
         self.policy: DraftLenPolicy = FixedDraftLen()  # the whole block every step, unless told otherwise
         self.step_mode = StepMode()
         self.verify_pass = target  # the target's cached pass (plain step, verify): the module, or compiled
+        self.prefill_pass = target  # the target's prefill: the module, or compiled (no CUDA graphs)
         self.shape_calls: Counter = Counter()  # padded steps since the allocation per (rows, width, key span)
 
     def set_step_mode(self, mode: StepMode) -> None:
         """How steps run the target's and the proposer's passes (step_mode.py); call before `allocate`."""
         self.step_mode = mode
         self.verify_pass = mode.compile(self.target)
+        self.prefill_pass = mode.compile_prefill(self.target)
         self.proposer.set_step_mode(mode)
 
     @torch.inference_mode()
@@ -181,7 +183,8 @@ class Generator:
 
     def prefill(self, sequences: list[Sequence]) -> torch.Tensor:
         """Run the prompts (right-padded) through the target; -> each one's first token [N]."""
-        n, longest = len(sequences), max(len(s.request.prompt_ids) for s in sequences)
+        n, prompt = len(sequences), max(len(s.request.prompt_ids) for s in sequences)
+        longest = self.step_mode.prefill_length(prompt, self.cache.capacity)
         ids = torch.zeros((n, longest), dtype=torch.long)
         for i, s in enumerate(sequences):
             ids[i, : len(s.request.prompt_ids)] = torch.tensor(s.request.prompt_ids)
@@ -191,9 +194,11 @@ class Generator:
         lengths = torch.tensor([len(s.request.prompt_ids) for s in sequences], device=self.device)
         self.target.reset(self.cache, slots)  # recurrent layers start from zero state
         drafting = sequences[0].drafting  # one decision per admitted batch
+        # a compiled prefill captures for plain-only requests too (unused): one graph for both kinds of admission
+        capture = drafting or self.step_mode.compiled
         ctx = ForwardContext.prefill(positions, self.cache, slots, lengths,
-                                     capture_layer_ids=self.proposer.capture_layer_ids if drafting else ())
-        hidden, features = self.target(ids.to(self.device), ctx)
+                                     capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
+        hidden, features = self.prefill_pass(ids.to(self.device), ctx)
         last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
         self.slots.steps[slots] = 0
         sampling = self.sampling(sequences, self.slots.steps[slots])

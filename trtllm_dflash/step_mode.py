@@ -2,18 +2,22 @@
 
 - eager: PyTorch ops one by one (the default on a CPU; every model family).
 - compile: the target's cached pass (a plain step's and the verify's) and the drafter's pass go through
-  `torch.compile` (whole graphs, `fullgraph=True`); prefill stays eager (prompt lengths vary too much to
-  pay for a graph). Rows and tokens are symbolic from the first graph, the key span and the caches' sizes
-  from their first change (automatic dynamic), so the load-time warm-up (`compile_step_shapes`) compiles
-  everything a server later meets (tested): a size of 1 stays specialised (one row or several, one token or
-  a block: four target graphs, two drafter graphs; caches keep at least 2 slots for that reason).
+  `torch.compile` (whole graphs, `fullgraph=True`). Rows and tokens are symbolic from the first graph, the key
+  span and the caches' sizes from their first change (automatic dynamic), so the load-time warm-up
+  (`compile_step_shapes`) compiles everything a server later meets (tested): a size of 1 stays specialised
+  (one row or several, one token or a block: four target graphs, two drafter graphs; caches keep at least 2
+  slots for that reason). The target's prefill is compiled too (`compile_prefill`), with symbolic rows and
+  prompt length (right-padded to `PREFILL_ALIGN`): eager, it dispatched about 600 ops per admission, which on
+  an H100 cost ~6 ms for any prompt of the built-in pair, 4-5 of its plain steps
+  (benchmarks/results/gpu_h100_policy/).
 - cuda-graphs (the default on CUDA): `compile` in inductor's "reduce-overhead" mode, which records one
   CUDA graph per input shape and replays it: one launch per pass instead of hundreds. The running
   batch, the verify width and the key span are padded to buckets (`StepShapes`), which bounds the
   number of graphs (each recorded on its first use); rows and width start at 2 (`GRAPH_SHAPES`), so one
   target graph and one drafter graph are compiled instead of four and two; caches are static
   addresses (every replay writes them in place); tensors kept past a step are copied out of the graphs'
-  memory, which the next replay reuses.
+  memory, which the next replay reuses. Prefill is compiled as in compile mode, without CUDA graphs: prompt
+  lengths vary too much for a graph each.
 Every mode computes the same function; greedy output stays equal to the target's (tests compare the
 compiled and padded steps against transformers on the CPU, where `torch.compile` runs too). The
 CUDA-graph recording itself is inductor's and runs only on a GPU: not exercised on a CPU.
@@ -31,6 +35,12 @@ from .errors import DFlashError
 
 MODES = ("eager", "compile", "cuda-graphs")
 AUTO = "auto"
+
+
+# a compiled prefill's prompt length is right-padded to a multiple of this (up to the cache's positions): one
+# compiled graph for every length, where inductor on CUDA would otherwise specialise on whether a size is a
+# multiple of 8 (`StepShapes.align`), and no length of 1 to specialise on either
+PREFILL_ALIGN = 16
 
 
 def pow2_ceil(n: int) -> int:
@@ -122,8 +132,19 @@ class StepMode:
         return 2 if self.graphs else 1
 
     def compile(self, module: torch.nn.Module) -> Callable:
-        """module's forward(x, ctx) for cached passes: compiled in this mode (prefill calls the module itself)."""
+        """module's forward(x, ctx) for cached passes: compiled in this mode."""
         return CompiledPass(module, self) if self.compiled else module
+
+    def compile_prefill(self, module: torch.nn.Module) -> Callable:
+        """module's forward(x, ctx) for prefill: compiled in compiled modes, never into CUDA graphs."""
+        return CompiledPass(module, self, prefill=True) if self.compiled else module
+
+    def prefill_length(self, longest: int, positions: int) -> int:
+        """Tokens per row of a prefill whose longest prompt is `longest`, in a cache of `positions` per slot:
+        compiled, right-padded to PREFILL_ALIGN (the padding writes K/V past each prompt, never read)."""
+        if not self.compiled:
+            return longest
+        return max(longest, min(-(-longest // PREFILL_ALIGN) * PREFILL_ALIGN, positions))
 
     def caches(self, tensors: list[tuple[torch.Tensor, tuple[int, ...]]]) -> None:
         """Caches that compiled passes read and write in place, each with its dims that vary between allocations
@@ -190,35 +211,42 @@ def compile_errors() -> tuple[type[Exception], ...]:
     """What torch.compile raises when a function cannot be compiled (imported on use: torch._dynamo takes about
     a second to import, which an eager engine never pays)."""
     from torch._dynamo import exc
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
-    return exc.TorchDynamoException, exc.FailOnRecompileLimitHit
+    # a branch on a tensor's value (MoE's per-expert loop where no grouped GEMM runs) is raised as the latter
+    return exc.TorchDynamoException, exc.FailOnRecompileLimitHit, GuardOnDataDependentSymNode
 
 
 class CompiledPass:
-    """A module's cached pass through torch.compile. A pass that cannot compile as one graph (data-dependent
-    control flow, an op without a compiled kernel: torch's grouped GEMM compiles for bf16 only) runs eager from
-    then on, with one warning line: it fails at the load-time warm-up, before any request."""
+    """A module's cached pass (or its prefill) through torch.compile. A pass that cannot compile as one graph
+    (data-dependent control flow, an op without a compiled kernel: torch's grouped GEMM compiles for bf16 only)
+    runs eager from then on, with one warning line: it fails at the load-time warm-up, before any request."""
 
-    def __init__(self, module: torch.nn.Module, mode: StepMode):
+    def __init__(self, module: torch.nn.Module, mode: StepMode, prefill: bool = False):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-        if mode.graphs:  # one CUDA graph per bucket of shapes: more than inductor warns about (50) by design
+        graphs = mode.graphs and not prefill
+        if graphs:  # one CUDA graph per bucket of shapes: more than inductor warns about (50) by design
             import torch._inductor.config as inductor
 
             inductor.triton.cudagraph_dynamic_shape_warn_limit = None
         rotary = getattr(module, "rotary", None)
         if rotary is not None:  # its device copy of the RoPE frequencies made now: made by the first graph, it
             rotary.freqs_on(next(module.parameters()).device)  # was a dict guard that failed in the second
-        self.module = module
+        for m in module.modules():  # kernel probes that a traced pass reads but cannot run (`moe.grouped_mm_ok`)
+            if hasattr(m, "probe_kernels"):
+                m.probe_kernels()
+        self.module, self.prefill = module, prefill
         self.compiled = torch.compile(module, fullgraph=True, dynamic=None,
-                                      mode="reduce-overhead" if mode.graphs else "default")
+                                      mode="reduce-overhead" if graphs else "default")
         self.failed: str | None = None
 
     def __call__(self, x: torch.Tensor, ctx):
         if self.failed:
             return self.module(x, ctx)
-        # rows and tokens vary from step to step: symbolic from the first graph on (a size of 1 stays
+        # rows and tokens vary from call to call: symbolic from the first graph on (a size of 1 stays
         # specialised), instead of one recompilation per new size
-        for t, dims in ((x, (0, 1)), (ctx.positions, (0, 1)), (ctx.slots, (0,)), (ctx.keys, (0,))):
+        last = (ctx.lengths, (0,)) if self.prefill else (ctx.keys, (0,))
+        for t, dims in ((x, (0, 1)), (ctx.positions, (0, 1)), (ctx.slots, (0,)), last):
             for dim in dims:
                 torch._dynamo.maybe_mark_dynamic(t, dim)
         try:
@@ -230,6 +258,7 @@ class CompiledPass:
             while (cause.__cause__ or cause.__context__) is not None:  # the innermost error says what failed
                 cause = cause.__cause__ or cause.__context__
             self.failed = f"{type(cause).__name__}: {str(cause).strip().splitlines()[0][:300]}"
-            print(f"trtllm_dflash: warning: the {type(self.module).__name__} pass does not compile, it runs eager: "
+            what = f"{type(self.module).__name__} {'prefill' if self.prefill else 'pass'}"
+            print(f"trtllm_dflash: warning: the {what} does not compile, it runs eager: "
                   f"{self.failed}", file=sys.stderr, flush=True)
             return self.module(x, ctx)

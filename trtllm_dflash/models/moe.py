@@ -61,6 +61,11 @@ class Experts(nn.Module):
         self.w2_bias = nn.Parameter(torch.empty(e, hidden)) if bias else None  # rank 0's; zeros elsewhere
         self.cfg = cfg
 
+    def probe_kernels(self) -> None:
+        """Whether a grouped GEMM runs for these weights, tried now: a compiled pass reads the answer
+        (`grouped_mm_ok`) but cannot run the probe while it traces (step_mode.CompiledPass calls this)."""
+        grouped_mm_kernel(self.w13.device.type, self.w13.dtype)
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [N, H]; weights, ids: [N, k] -> sum over k of weight * expert(x): [N, H]."""
         n, k = ids.shape
@@ -102,7 +107,7 @@ def grouped_mm_ok(rows: torch.Tensor, weight: torch.Tensor) -> bool:
     """torch's grouped GEMM needs a kernel for this device and dtype, and 16-byte aligned base
     pointers and strides (aten/src/ATen/native/GroupedMMUtils.h, torch 2.10+). A compiled pass
     (step_mode.py) checks the strides only: its buffers come from its own aligned allocations, and the
-    kernel probe of an eager pass (prefill runs eagerly first) is read, not run."""
+    kernel probe, run eagerly before compiling (`Experts.probe_kernels`), is read, not run."""
     if rows.dtype != weight.dtype or not rows.is_contiguous() or weight.stride(-1) != 1:
         return False
     item = rows.element_size()
