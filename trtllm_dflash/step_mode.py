@@ -7,8 +7,8 @@
   (`compile_step_shapes`) compiles everything a server later meets (tested): a size of 1 stays specialised
   (one row or several, one token or a block: four target graphs, two drafter graphs; caches keep at least 2
   slots for that reason). The target's prefill is compiled too (`compile_prefill`), with symbolic rows and
-  prompt length (right-padded to `PREFILL_ALIGN`): eager, it dispatched about 600 ops per admission, which on
-  an H100 cost ~6 ms for any prompt of the built-in pair, 4-5 of its plain steps
+  prompt length (right-padded to `PREFILL_ALIGN`): eager, an admission of the built-in pair ran ~1,600 aten
+  ops, which on an H100 cost ~6 ms for any prompt length, 4-5 of its plain steps; compiled, 3.2-3.6 ms
   (benchmarks/results/gpu_h100_policy/).
 - cuda-graphs (the default on CUDA): `compile` in inductor's "reduce-overhead" mode, which records one
   CUDA graph per input shape and replays it: one launch per pass instead of hundreds. The running
@@ -175,7 +175,8 @@ def compile_step_shapes(generator) -> None:
     step plain, one draft and the whole block, twice each at growing key spans (symbolic from the first graph),
     then plain with no request keeping the drafter's context (plain decoding's pass), so every specialisation
     (one row or several, one token or a block, features captured or not) is compiled with the sizes that vary
-    symbolic. Leaves the generator allocated and idle."""
+    symbolic. Their admissions compile the prefill's two graphs (one prompt, several), at an aligned prompt length
+    (caches of at least PREFILL_ALIGN positions). Leaves the generator allocated and idle."""
     from .request import Request
 
     g = generator
@@ -183,7 +184,7 @@ def compile_step_shapes(generator) -> None:
     steps = 2 * len(lens)
     for slots, batch in ((1, 1), (4, 2), (4, 3)):
         prompts = [(0,) * (2 + i) for i in range(batch)]
-        g.allocate(slots, 2 + batch + steps * g.block + g.block + 1, g.block)
+        g.allocate(slots, max(2 + batch + steps * g.block + g.block + 1, PREFILL_ALIGN), g.block)
         sequences = g.admit([Request(p, steps * g.block, ignore_eos=True) for p in prompts])
         for k in lens * 2:
             g.step(k)
