@@ -1,0 +1,125 @@
+"""Host time the cost policy spends per step in the served workload's short, c=16 point, with the H100's cost
+model (issue 16, cause 2 of benchmarks/results/gpu_h100_policy/RUN.md: auto's 16-row whole-block steps took
+0.7-1.7 ms longer than always-15's at the same shape on the H100, per-repeat medians).
+
+    python benchmarks/policy_host_time.py [--cost RESULTS/gpu_policy.json] [--repeats 3] [--points short:16]
+
+On this CPU (eager), the built-in pair's DFlash generator runs gpu_policy.py's closed loop (the served warm-up,
+then 16 clients, 6 requests each, 128 new tokens) under a CostBasedDraftLen built on the cost model that run
+calibrated on the H100, so it chooses as it did there at the start (its live correction learns this CPU's step
+times, so later choices may differ). Every policy call the generator makes is timed (choose, keeps_context,
+drafts_for, admit, observe, timed, release, plain_only_step), and per step: the policy's host time, grouped by the
+step's (rows, draft length, rows keeping the drafter's context). Medians over repeats of the mean microseconds a
+step. The policy's work is host Python and numpy whatever the device, so its size here bounds what it can add to
+a GPU step on a host of this speed. Writes benchmarks/results/policy_host_time.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from newcomer_backoff import capacity, closed_loop, offline_pairs, parse_points, served_warm_up  # noqa: E402
+
+OUT = Path(__file__).parent / "results" / "policy_host_time.json"
+COST = Path(__file__).parent / "results" / "gpu_h100_policy" / "prefill_e1f6625" / "gpu_policy.json"
+CALLS = ("choose", "keeps_context", "drafts_for", "admit", "observe", "timed", "release", "plain_only_step")
+
+
+class Timed:
+    """The policy's calls, each timed into `spent` (seconds since the last step ended)."""
+
+    def __init__(self, policy):
+        self.spent = 0.0
+        for name in CALLS:
+            setattr(policy, name, self.wrap(getattr(policy, name)))
+
+    def wrap(self, method):
+        def timed(*a, **kw):
+            t0 = time.perf_counter()
+            try:
+                return method(*a, **kw)
+            finally:
+                self.spent += time.perf_counter() - t0
+        return timed
+
+
+def one_repeat(generator, cost, prompts: dict, points) -> dict:
+    """-> point -> cell -> [steps, policy seconds, step seconds]."""
+    from trtllm_dflash.draft_length.policy import CostBasedDraftLen
+
+    policy = CostBasedDraftLen(cost)
+    generator.policy = policy
+    generator.allocate(max(c for _, c in points), capacity(generator), generator.block)
+    served_warm_up(generator, prompts, 2)
+    clock = Timed(policy)
+    step = type(generator).step.__get__(generator)
+    cells: dict = {}
+
+    def traced(*a, **kw):
+        t0 = time.perf_counter()
+        ran = step(*a, **kw)
+        seconds = time.perf_counter() - t0
+        k = max((s.result.draft_lengths[-1] for s in ran), default=0)
+        key = f"{len(ran)} {k} {sum(bool(s.drafting) for s in ran)}"
+        cell = cells.setdefault(key, [0, 0.0, 0.0])
+        cell[0], cell[1], cell[2] = cell[0] + 1, cell[1] + clock.spent, cell[2] + seconds
+        clock.spent = 0.0  # what admit and release spent before the next step is charged to it
+        return ran
+
+    out = {}
+    generator.step = traced
+    try:
+        for context, c in points:
+            cells = {}
+            closed_loop(generator, prompts[context], c)
+            out[f"{context}:{c}"] = cells
+    finally:
+        del generator.step
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cost", type=Path, default=COST, help="a gpu_policy.json whose cost_model to use")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--points", default="short:16")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--output", type=Path, default=OUT)
+    args = p.parse_args()
+    from trtllm_dflash.draft_length.cost import CostModel
+
+    points = parse_points(args.points)
+    record = json.loads(args.cost.read_text())
+    cost = CostModel.from_json(record["cost_model"], str(args.cost))
+    spec, _, prompts, _ = offline_pairs(args.threads, max(c for _, c in points), "cpu", "eager")
+    runs = [one_repeat(spec.generator, cost, prompts, points) for _ in range(args.repeats)]
+    table = {}
+    for point in runs[0]:
+        keys = sorted({k for run in runs for k in run[point]},
+                      key=lambda k: -sum(r[point].get(k, [0])[0] for r in runs))  # most steps first
+        table[point] = {}
+        for k in keys:
+            policy_us = [1e6 * r[point][k][1] / r[point][k][0] for r in runs if k in r[point]]
+            table[point][k] = {"steps_per_repeat": statistics.median(r[point].get(k, [0])[0] for r in runs),
+                               "policy_us_per_step": statistics.median(policy_us),
+                               "policy_us_per_step_range": [min(policy_us), max(policy_us)],
+                               "step_ms": statistics.median(1e3 * r[point][k][2] / r[point][k][0]
+                                                            for r in runs if k in r[point])}
+        for k, v in list(table[point].items())[:8]:
+            low, high = v["policy_us_per_step_range"]
+            print(f"{point} {k:>9}: {v['steps_per_repeat']:5.0f} steps a repeat, policy {v['policy_us_per_step']:4.0f} "
+                  f"({low:.0f}-{high:.0f}) us a step, step {v['step_ms']:.1f} ms")
+    args.output.write_text(json.dumps({
+        "command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "cost_model_from": str(args.cost), "cost_device": record["cost_model"]["meta"].get("device"),
+        "threads": args.threads, "repeats": args.repeats, "cells": table}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
