@@ -3,9 +3,10 @@ model (issue 16, cause 2 of benchmarks/results/gpu_h100_policy/RUN.md: auto's 16
 0.7-1.7 ms longer than always-15's at the same shape on the H100, per-repeat medians).
 
     python benchmarks/policy_host_time.py [--cost RESULTS/gpu_policy.json] [--repeats 3] [--points short:16]
+                                          [--step-mode eager] [--output FILE]
 
-On this CPU (eager), the built-in pair's DFlash generator runs gpu_policy.py's closed loop (the served warm-up,
-then 16 clients, 6 requests each, 128 new tokens) under a CostBasedDraftLen built on the cost model that run
+On this CPU (eager, or compile: `--step-mode`), the built-in pair's DFlash generator runs gpu_policy.py's closed
+loop (the served warm-up, then 16 clients, 6 requests each, 128 new tokens) under a CostBasedDraftLen built on the cost model that run
 calibrated on the H100, so it chooses as it did there at the start (its live correction learns this CPU's step
 times, so later choices may differ). Every policy call the generator makes is timed (choose, keeps_context,
 drafts_for, admit, observe, timed, release, plain_only_step), and per step: the policy's host time, grouped by the
@@ -90,6 +91,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--points", default="short:16")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--step-mode", default="eager", help="eager or compile (this CPU's passes as a GPU's: few ops)")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
     from trtllm_dflash.draft_length.cost import CostModel
@@ -97,7 +99,7 @@ def main() -> None:
     points = parse_points(args.points)
     record = json.loads(args.cost.read_text())
     cost = CostModel.from_json(record["cost_model"], str(args.cost))
-    spec, _, prompts, _ = offline_pairs(args.threads, max(c for _, c in points), "cpu", "eager")
+    spec, _, prompts, _ = offline_pairs(args.threads, max(c for _, c in points), "cpu", args.step_mode)
     runs = [one_repeat(spec.generator, cost, prompts, points) for _ in range(args.repeats)]
     table = {}
     for point in runs[0]:
@@ -118,7 +120,7 @@ def main() -> None:
     args.output.write_text(json.dumps({
         "command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cost_model_from": str(args.cost), "cost_device": record["cost_model"]["meta"].get("device"),
-        "threads": args.threads, "repeats": args.repeats, "cells": table}, indent=1) + "\n")
+        "threads": args.threads, "step_mode": args.step_mode, "repeats": args.repeats, "cells": table}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
