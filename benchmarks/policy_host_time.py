@@ -6,9 +6,9 @@ model (issue 16, cause 2 of benchmarks/results/gpu_h100_policy/RUN.md: auto's 16
                                           [--step-mode eager] [--output FILE]
 
 On this CPU (eager, or compile: `--step-mode`), the built-in pair's DFlash generator runs gpu_policy.py's closed
-loop (the served warm-up, then 16 clients, 6 requests each, 128 new tokens) under a CostBasedDraftLen built on the cost model that run
-calibrated on the H100, so it chooses as it did there at the start (its live correction learns this CPU's step
-times, so later choices may differ). Every policy call the generator makes is timed (choose, keeps_context,
+loop (the served warm-up, then 16 clients, 6 requests each, 128 new tokens) under a CostBasedDraftLen built on
+the cost model that run calibrated on the H100, so it chooses as it did there at the start (its live correction
+learns this CPU's step times, so later choices may differ). Every policy call the generator makes is timed (choose, keeps_context,
 drafts_for, admit, observe, timed, release, plain_only_step), and per step: the policy's host time, grouped by the
 step's (rows, draft length, rows keeping the drafter's context). Medians over repeats of the mean microseconds a
 step. The policy's work is host Python and numpy whatever the device, so its size here bounds what it can add to
@@ -120,7 +120,8 @@ def main() -> None:
     args.output.write_text(json.dumps({
         "command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cost_model_from": str(args.cost), "cost_device": record["cost_model"]["meta"].get("device"),
-        "threads": args.threads, "step_mode": args.step_mode, "repeats": args.repeats, "cells": table}, indent=1) + "\n")
+        "threads": args.threads, "step_mode": args.step_mode, "repeats": args.repeats, "cells": table},
+        indent=1) + "\n")
 
 
 if __name__ == "__main__":
