@@ -8,10 +8,11 @@ model (issue 16, cause 2 of benchmarks/results/gpu_h100_policy/RUN.md: auto's 16
 On this CPU (eager, or compile: `--step-mode`), the built-in pair's DFlash generator runs gpu_policy.py's closed
 loop (the served warm-up, then 16 clients, 6 requests each, 128 new tokens) under a CostBasedDraftLen built on
 the cost model that run calibrated on the H100, so it chooses as it did there at the start (its live correction
-learns this CPU's step times, so later choices may differ). Every policy call the generator makes is timed (choose, keeps_context,
-drafts_for, admit, observe, timed, release, plain_only_step), and per step: the policy's host time, grouped by the
-step's (rows, draft length, rows keeping the drafter's context). Medians over repeats of the mean microseconds a
-step. The policy's work is host Python and numpy whatever the device, so its size here bounds what it can add to
+learns this CPU's step times, so later choices may differ). Every policy call the generator makes is timed
+(choose, keeps_context, drafts_for, admit, observe, timed, release, plain_only_step), and per step: the policy's
+host time (with the calls admissions and finished requests made before it), grouped by the step's (rows, draft
+length, rows keeping the drafter's context). Medians over repeats of the mean microseconds a step, and their
+range. The policy's work is host Python and numpy whatever the device, so its size here is what it would add to
 a GPU step on a host of this speed. Writes benchmarks/results/policy_host_time.json.
 """
 
