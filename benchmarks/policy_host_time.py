@@ -12,7 +12,8 @@ learns this CPU's step times, so later choices may differ). Every policy call th
 (choose, keeps_context, drafts_for, admit, observe, timed, release, plain_only_step), and per step: the policy's
 host time (with the calls admissions and finished requests made before it), grouped by the step's (rows, draft
 length, rows keeping the drafter's context). Medians over repeats of the mean microseconds a step, and their
-range. The policy's work is host Python and numpy whatever the device, so its size here is what it would add to
+range. Then one more repeat times the acceptance model's `observe` as called and the same call again at once.
+The policy's work is host Python and numpy whatever the device, so its size here is what it would add to
 a GPU step on a host of this speed. Writes benchmarks/results/policy_host_time.json.
 """
 
@@ -49,6 +50,36 @@ class Timed:
             finally:
                 self.spent += time.perf_counter() - t0
         return timed
+
+
+def observe_twice(generator, cost, prompts: dict, points) -> dict:
+    """One more repeat, untimed but for the acceptance model's `observe` at drafting steps: each call made as the
+    generator makes it (the first after the step), then at once again on a copy of the model as it was, with the
+    same arguments: -> medians of both in microseconds (the same work, the cold call against a warm one)."""
+    import copy
+
+    from trtllm_dflash.draft_length.acceptance import AcceptanceModel
+
+    first, again, real = [], [], AcceptanceModel.observe
+
+    def observe(self, slots, draft_len, accepted, drafting=None):
+        if draft_len == 0:
+            return real(self, slots, draft_len, accepted, drafting)
+        twin = copy.deepcopy(self)
+        t0 = time.perf_counter()
+        real(self, slots, draft_len, accepted, drafting)
+        t1 = time.perf_counter()
+        real(twin, slots, draft_len, accepted, drafting)
+        first.append(t1 - t0)
+        again.append(time.perf_counter() - t1)
+
+    AcceptanceModel.observe = observe
+    try:
+        one_repeat(generator, cost, prompts, points)
+    finally:
+        AcceptanceModel.observe = real
+    return {"calls": len(first), "first_us": 1e6 * statistics.median(first),
+            "again_at_once_us": 1e6 * statistics.median(again)}
 
 
 def one_repeat(generator, cost, prompts: dict, points) -> dict:
@@ -102,6 +133,9 @@ def main() -> None:
     cost = CostModel.from_json(record["cost_model"], str(args.cost))
     spec, _, prompts, _ = offline_pairs(args.threads, max(c for _, c in points), "cpu", args.step_mode)
     runs = [one_repeat(spec.generator, cost, prompts, points) for _ in range(args.repeats)]
+    twice = observe_twice(spec.generator, cost, prompts, points)
+    print(f"observe at drafting steps: {twice['first_us']:.0f} us as called, {twice['again_at_once_us']:.0f} us the "
+          f"same call again at once ({twice['calls']} calls)")
     table = {}
     for point in runs[0]:
         keys = sorted({k for run in runs for k in run[point]},
@@ -121,7 +155,8 @@ def main() -> None:
     args.output.write_text(json.dumps({
         "command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cost_model_from": str(args.cost), "cost_device": record["cost_model"]["meta"].get("device"),
-        "threads": args.threads, "step_mode": args.step_mode, "repeats": args.repeats, "cells": table},
+        "threads": args.threads, "step_mode": args.step_mode, "repeats": args.repeats, "cells": table,
+        "observe_cold_and_warm": twice},
         indent=1) + "\n")
 
 
