@@ -24,10 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
-from newcomer_backoff import capacity, offline_pairs  # noqa: E402
+import gpu_plain_path  # noqa: E402
 
 
 def timed_admits(generator, prompts: list[list[int]], drafting: bool | None, calls: int) -> list[float]:
@@ -78,30 +76,15 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--per-round", type=int, default=5, help="admit calls per cell and round")
     p.add_argument("--batches", default="1,16")
-    p.add_argument("--threads", type=int, default=4)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--step-mode", default=None)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    gpu_plain_path.device_args(p)
     args = p.parse_args()
     started, clock = time.time(), time.perf_counter()
     batches = [int(b) for b in args.batches.split(",")]
-    spec, plain, prompts, _ = offline_pairs(args.threads, max(batches), args.device, args.step_mode)
-    plain.generator.allocate(max(batches), capacity(plain.generator), plain.generator.block)
-    print(f"[{time.perf_counter() - clock:5.0f} s] loaded", file=sys.stderr, flush=True)
-    cells = measure(spec, plain, prompts, batches, args.rounds, args.per_round, log=lambda line: print(
-        f"[{time.perf_counter() - clock:5.0f} s] {line}", file=sys.stderr, flush=True))
-    write(args, started, spec, cells)
+    spec, plain, prompts, _ = gpu_plain_path.load(args, max(batches))
+    gpu_plain_path.stamped(clock)("loaded")
+    cells = measure(spec, plain, prompts, batches, args.rounds, args.per_round, log=gpu_plain_path.stamped(clock))
+    gpu_plain_path.write(args, started, spec, "gpu_admission.json", settings=vars(args), cells=cells)
     print(json.dumps(cells, indent=1))
-
-
-def write(args, started: float, spec, cells: dict) -> None:
-    record = {"command": "python " + " ".join(sys.argv),
-              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-              "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
-              "torch": torch.__version__, "step_mode": spec.generator.step_mode.mode, "cells": cells}
-    out = Path(args.out) / "gpu_admission.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -111,32 +111,60 @@ def measure(spec, plain, batches: list[int], contexts: list[int], rounds: int, s
     return cells, profiles
 
 
+def device_args(p: argparse.ArgumentParser) -> None:
+    """The options every GPU script here shares: threads, device, step mode, output folder."""
+    p.add_argument("--threads", type=int, default=4, help="torch CPU threads (the host side of each step)")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--step-mode", default=None, help="eager, compile or cuda-graphs; default: the device's")
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+
+
+def load(args, rows: int):
+    """-> `offline_pairs`' (DFlash pipeline, plain pipeline, prompts, calibrated policy), the plain generator
+    allocated for `rows` requests too (both idle)."""
+    spec, plain, prompts, calibrated = offline_pairs(args.threads, rows, args.device, args.step_mode)
+    plain.generator.allocate(rows, capacity(plain.generator), plain.generator.block)
+    return spec, plain, prompts, calibrated
+
+
+def stamped(clock: float, prefix: str = ""):
+    """A log function: each line to stderr after the seconds since `clock`."""
+    return lambda line: print(f"[{time.perf_counter() - clock:5.0f} s] {prefix}{line}", file=sys.stderr, flush=True)
+
+
+def device_record(device: str) -> dict:
+    if not device.startswith("cuda"):
+        return {"device": device}
+    props = torch.cuda.get_device_properties(device)
+    return {"device": device, "gpu": props.name, "gpu_memory_gib": props.total_memory / 2**30,
+            "cuda": torch.version.cuda}
+
+
+def write(args, started: float, spec, name: str, **fields) -> None:
+    """DIR/name: the command, date, device, torch and step mode, then `fields`."""
+    record = {"command": "python " + " ".join(sys.argv),
+              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+              "device": device_record(args.device), "torch": torch.__version__,
+              "step_mode": spec.generator.step_mode.mode, **fields}
+    out = Path(args.out) / name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batches", default="1,4,16")
     p.add_argument("--contexts", default="128,1024")
-    p.add_argument("--threads", type=int, default=4)
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--step-mode", default=None)
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    device_args(p)
     args = p.parse_args()
     started, clock = time.time(), time.perf_counter()
     batches, contexts = [int(b) for b in args.batches.split(",")], [int(c) for c in args.contexts.split(",")]
-    spec, plain, _, _ = offline_pairs(args.threads, max(batches), args.device, args.step_mode)
-    plain.generator.allocate(max(batches), capacity(plain.generator), plain.generator.block)
-    print(f"[{time.perf_counter() - clock:5.0f} s] loaded", file=sys.stderr, flush=True)
-    cells, profiles = measure(spec, plain, batches, contexts, args.rounds, args.steps, log=lambda line: print(
-        f"[{time.perf_counter() - clock:5.0f} s] {line}", file=sys.stderr, flush=True))
-    record = {"command": "python " + " ".join(sys.argv),
-              "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
-              "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
-              "torch": torch.__version__, "step_mode": spec.generator.step_mode.mode, "settings": vars(args),
-              "cells": cells, "profiles": profiles}
-    out = Path(args.out) / "gpu_plain_path.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    spec, plain, _, _ = load(args, max(batches))
+    stamped(clock)("loaded")
+    cells, profiles = measure(spec, plain, batches, contexts, args.rounds, args.steps, log=stamped(clock))
+    write(args, started, spec, "gpu_plain_path.json", settings=vars(args), cells=cells, profiles=profiles)
     print(json.dumps({"cells": cells, "profiles": profiles}, indent=1))
 
 

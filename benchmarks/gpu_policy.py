@@ -23,17 +23,16 @@ load and compile for all.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).parent))
-from newcomer_backoff import (capacity, closed_loop, offline_pairs, parse_points, served_warm_up,  # noqa: E402
+import gpu_admission  # noqa: E402
+import gpu_plain_path  # noqa: E402
+from newcomer_backoff import (capacity, closed_loop, parse_points, served_warm_up,  # noqa: E402
                               write_results)
 from serve_dflash_vs_plain import NEW_TOKENS  # noqa: E402
 
@@ -117,46 +116,24 @@ def mismatches(outputs: dict, reference: dict) -> dict:
     return {key: sum(a != b for a, b in zip(outputs[key], reference[key])) for key in reference}
 
 
-def plain_path(args, spec, plain, slots: int, clock: float) -> None:
+def plain_path(args, spec, plain, slots: int, started: float, clock: float) -> None:
     """gpu_plain_path.py's cells and profiles on these pipelines (one load for both scripts' measurements)."""
-    import gpu_plain_path
-
-    plain.generator.allocate(slots, capacity(plain.generator), plain.generator.block)
     batches = sorted({1, min(4, slots), slots})
-    cells, profiles = gpu_plain_path.measure(spec, plain, batches, [128, 1024], args.plain_path_rounds, 20, log=(
-        lambda line: print(f"[{time.perf_counter() - clock:5.0f} s] plain path: {line}", file=sys.stderr, flush=True)))
-    out = Path(args.out) / "gpu_plain_path.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "device": device_record(args.device),
-                               "torch": torch.__version__, "step_mode": spec.generator.step_mode.mode,
-                               "batches": batches, "cells": cells, "profiles": profiles}, indent=1) + "\n")
+    cells, profiles = gpu_plain_path.measure(spec, plain, batches, [128, 1024], args.plain_path_rounds, 20,
+                                             log=gpu_plain_path.stamped(clock, "plain path: "))
+    gpu_plain_path.write(args, started, spec, "gpu_plain_path.json", batches=batches, cells=cells, profiles=profiles)
 
 
 def admission(args, spec, plain, prompts: dict, slots: int, started: float, clock: float) -> None:
     """gpu_admission.py's cells on these pipelines: admit calls with the prefill compiled and eager."""
-    import gpu_admission
-
-    plain.generator.allocate(slots, capacity(plain.generator), plain.generator.block)
-    cells = gpu_admission.measure(spec, plain, prompts, sorted({1, slots}), args.admission_rounds, 5, log=(
-        lambda line: print(f"[{time.perf_counter() - clock:5.0f} s] admission: {line}", file=sys.stderr,
-                           flush=True)))
-    gpu_admission.write(args, started, spec, cells)
-
-
-def device_record(device: str) -> dict:
-    if not device.startswith("cuda"):
-        return {"device": device}
-    props = torch.cuda.get_device_properties(device)
-    return {"device": device, "gpu": props.name, "gpu_memory_gib": props.total_memory / 2**30,
-            "cuda": torch.version.cuda}
+    cells = gpu_admission.measure(spec, plain, prompts, sorted({1, slots}), args.admission_rounds, 5,
+                                  log=gpu_plain_path.stamped(clock, "admission: "))
+    gpu_plain_path.write(args, started, spec, "gpu_admission.json", cells=cells)
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--threads", type=int, default=4, help="torch CPU threads (the host side of each step)")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--step-mode", default=None, help="eager, compile or cuda-graphs; default: the device's")
     p.add_argument("--points", default="short:1,short:4,short:16,1024:1,1024:16", help="context:concurrency")
     p.add_argument("--deadline-s", type=float, default=1e9, help="no repeat starts after this many seconds")
     p.add_argument("--plain-path-rounds", type=int, default=0,
@@ -165,18 +142,18 @@ def main() -> None:
     p.add_argument("--admission-rounds", type=int, default=0,
                    help="first, gpu_admission.py's measurement with this many rounds on the same pipelines "
                         "(0: none); written to DIR/gpu_admission.json")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    gpu_plain_path.device_args(p)
     args = p.parse_args()
     args.output = Path(args.out) / "gpu_policy.json"
     points = parse_points(args.points)
     load_before, started, clock = os.getloadavg(), time.time(), time.perf_counter()
-    spec, plain, prompts, calibrated = offline_pairs(args.threads, max(c for _, c in points), args.device,
-                                                     args.step_mode)
-    print(f"[{time.perf_counter() - clock:5.0f} s] loaded and calibrated", file=sys.stderr, flush=True)
+    slots = max(c for _, c in points)
+    spec, plain, prompts, calibrated = gpu_plain_path.load(args, slots)
+    gpu_plain_path.stamped(clock)("loaded and calibrated")
     if args.plain_path_rounds:
-        plain_path(args, spec, plain, max(c for _, c in points), clock)
+        plain_path(args, spec, plain, slots, started, clock)
     if args.admission_rounds:
-        admission(args, spec, plain, prompts, max(c for _, c in points), started, clock)
+        admission(args, spec, plain, prompts, slots, started, clock)
     runs, wrong = {name: [] for name in CASES}, {name: [] for name in CASES[1:]}
     traces = {name: [] for name in CASES}  # per repeat: point -> StepTrace.summary()
     for r in range(args.repeats):
@@ -197,7 +174,7 @@ def main() -> None:
             for n in CASES[1:]) + f"; outputs differing from plain: {[wrong[n][-1] for n in CASES[1:]]}",
             file=sys.stderr, flush=True)
         write_results(args, started, load_before, runs, points, {
-            "device": device_record(args.device), "step_mode": spec.generator.step_mode.mode,
+            "device": gpu_plain_path.device_record(args.device), "step_mode": spec.generator.step_mode.mode,
             "warmup": WARMUP, "new_tokens": NEW_TOKENS, "requests_differing_from_plain": wrong,
             "cost_model": calibrated.cost.to_json(), "step_traces": traces})
 

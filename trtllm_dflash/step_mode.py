@@ -246,9 +246,9 @@ class CompiledPass:
             return self.module(x, ctx)
         # rows and tokens vary from call to call: symbolic from the first graph on (a size of 1 stays
         # specialised), instead of one recompilation per new size
-        last = (ctx.lengths, (0,)) if self.prefill else (ctx.keys, (0,))
-        for t, dims in ((x, (0, 1)), (ctx.positions, (0, 1)), (ctx.slots, (0,)), last):
-            for dim in dims:
+        for t, dims in ((x, (0, 1)), (ctx.positions, (0, 1)), (ctx.slots, (0,)), (ctx.keys, (0,)),
+                        (ctx.lengths, (0,))):  # keys: a cached pass's; lengths: a prefill's
+            for dim in dims if t is not None else ():
                 torch._dynamo.maybe_mark_dynamic(t, dim)
         try:
             return self.compiled(x, ctx)
