@@ -12,7 +12,10 @@ learns this CPU's step times, so later choices may differ). Every policy call th
 (choose, keeps_context, drafts_for, admit, observe, timed, release, plain_only_step), and per step: the policy's
 host time (with the calls admissions and finished requests made before it), grouped by the step's (rows, draft
 length, rows keeping the drafter's context). Medians over repeats of the mean microseconds a step, and their
-range. Then one more repeat times the acceptance model's `observe` as called and the same call again at once.
+range; and per point the policy's total time a repeat and its share of the steps' time (median, range). Then one
+more repeat times the acceptance model's `folded` (where the steps `observe` queued are applied)
+as called and the same call again at once. Before the kept drafting choices (1bb4b84) that repeat timed `observe`,
+which then applied each step itself: results/policy_host_time_1bb4b84.json.
 The policy's work is host Python and numpy whatever the device, so its size here is what it would add to
 a GPU step on a host of this speed. Writes benchmarks/results/policy_host_time.json.
 """
@@ -52,33 +55,38 @@ class Timed:
         return timed
 
 
-def observe_twice(generator, cost, prompts: dict, points) -> dict:
-    """One more repeat, untimed but for the acceptance model's `observe` at drafting steps: each call made as the
-    generator makes it (the first after the step), then at once again on a copy of the model as it was, with the
-    same arguments: -> medians of both in microseconds (the same work, the cold call against a warm one)."""
+def fold_twice(generator, cost, prompts: dict, points) -> dict:
+    """One more repeat, untimed but for the acceptance model's `folded` where it applies queued steps (`observe`
+    only queues a step since the kept drafting choices): each call made as the policy makes it (the first read after
+    the steps), then at once again on a copy of the model as it was: -> the calls, the mean steps each applied, and
+    medians of both in microseconds (the same work, the cold call against a warm one)."""
     import copy
 
     from trtllm_dflash.draft_length.acceptance import AcceptanceModel
 
-    first, again, real = [], [], AcceptanceModel.observe
+    if not hasattr(AcceptanceModel, "folded"):  # a package from before the queue (PYTHONPATH at an older copy)
+        return {}
+    first, again, steps, real = [], [], [], AcceptanceModel.folded
 
-    def observe(self, slots, draft_len, accepted, drafting=None):
-        if draft_len == 0:
-            return real(self, slots, draft_len, accepted, drafting)
+    def folded(self):
+        if not self.pending:
+            return self
         twin = copy.deepcopy(self)
+        steps.append(len(self.pending))
         t0 = time.perf_counter()
-        real(self, slots, draft_len, accepted, drafting)
+        real(self)
         t1 = time.perf_counter()
-        real(twin, slots, draft_len, accepted, drafting)
+        real(twin)
         first.append(t1 - t0)
         again.append(time.perf_counter() - t1)
+        return self
 
-    AcceptanceModel.observe = observe
+    AcceptanceModel.folded = folded
     try:
         one_repeat(generator, cost, prompts, points)
     finally:
-        AcceptanceModel.observe = real
-    return {"calls": len(first), "first_us": 1e6 * statistics.median(first),
+        AcceptanceModel.folded = real
+    return {"calls": len(first), "steps_per_call": statistics.mean(steps), "first_us": 1e6 * statistics.median(first),
             "again_at_once_us": 1e6 * statistics.median(again)}
 
 
@@ -133,9 +141,20 @@ def main() -> None:
     cost = CostModel.from_json(record["cost_model"], str(args.cost))
     spec, _, prompts, _ = offline_pairs(args.threads, max(c for _, c in points), "cpu", args.step_mode)
     runs = [one_repeat(spec.generator, cost, prompts, points) for _ in range(args.repeats)]
-    twice = observe_twice(spec.generator, cost, prompts, points)
-    print(f"observe at drafting steps: {twice['first_us']:.0f} us as called, {twice['again_at_once_us']:.0f} us the "
-          f"same call again at once ({twice['calls']} calls)")
+    twice = fold_twice(spec.generator, cost, prompts, points)
+    if twice:
+        print(f"folding queued steps: {twice['first_us']:.0f} us as called, {twice['again_at_once_us']:.0f} us the "
+              f"same call again at once ({twice['calls']} calls of {twice['steps_per_call']:.1f} steps)")
+    totals = {}
+    for point in runs[0]:  # per repeat: the policy's seconds over all steps of the point, and their share of the steps'
+        policy = [sum(cell[1] for cell in run[point].values()) for run in runs]
+        share = [p / sum(cell[2] for cell in run[point].values()) for p, run in zip(policy, runs)]
+        totals[point] = {"policy_ms_per_repeat": 1e3 * statistics.median(policy),
+                         "policy_ms_range": [1e3 * min(policy), 1e3 * max(policy)],
+                         "share_of_step_time": statistics.median(share), "share_range": [min(share), max(share)]}
+        print(f"{point}: the policy's calls took {totals[point]['policy_ms_per_repeat']:.1f} ms a repeat "
+              f"({1e3 * min(policy):.1f}-{1e3 * max(policy):.1f}), {100 * totals[point]['share_of_step_time']:.1f} % "
+              f"({100 * min(share):.1f}-{100 * max(share):.1f}) of the steps' time")
     table = {}
     for point in runs[0]:
         keys = sorted({k for run in runs for k in run[point]},
@@ -155,8 +174,8 @@ def main() -> None:
     args.output.write_text(json.dumps({
         "command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cost_model_from": str(args.cost), "cost_device": record["cost_model"]["meta"].get("device"),
-        "threads": args.threads, "step_mode": args.step_mode, "repeats": args.repeats, "cells": table,
-        "observe_cold_and_warm": twice},
+        "threads": args.threads, "step_mode": args.step_mode, "repeats": args.repeats, "totals": totals, "cells": table,
+        "fold_cold_and_warm": twice},
         indent=1) + "\n")
 
 

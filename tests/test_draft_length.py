@@ -13,8 +13,8 @@ import pytest
 from trtllm_dflash.draft_length.acceptance import AcceptanceModel, AcceptanceSettings, context_buckets
 from trtllm_dflash.draft_length.cost import CostModel, interpolate, monotone
 from trtllm_dflash.draft_length.newcomers import NewcomerBackoff
-from trtllm_dflash.draft_length.policy import (MIN_GAIN, PLAIN_ONLY_AFTER, BatchView, CostBasedDraftLen, FixedDraftLen,
-                                               ProbeSettings, ScheduledDraftLen)
+from trtllm_dflash.draft_length.policy import (DRAFT_KEPT_STEPS, MIN_GAIN, PLAIN_ONLY_AFTER, BatchView,
+                                               CostBasedDraftLen, FixedDraftLen, ProbeSettings, ScheduledDraftLen)
 from trtllm_dflash.draft_len_schedule import DraftLenSchedule
 from trtllm_dflash.errors import DFlashError
 
@@ -268,6 +268,69 @@ def test_bucket_rates_follow_every_drafting_step():
     feed(model, [1], 0.1, steps=5, seed=1)
     assert model.bucket_rates(True)[0, 0] < before[0, 0] - 0.05
     assert np.allclose(model.bucket_rates(True), model.estimate_bucket_rates(True))
+
+
+def test_observed_steps_reach_the_counts_in_order_however_late_they_are_read():
+    """Steps are applied when the counts are next read (`AcceptanceModel.folded`); whatever the reads' timing the
+    counts equal the documented recurrence, run here in Python floats step by step: a step of k drafts of which a
+    are accepted reaches positions 1..min(a + 1, k) and accepts 1..a; a slot's reached positions decay by
+    slot_decay, the pooled counts of positions 1..k by pooled_decay; a plain-only row (drafting False) only
+    moves its context by one token; a move carries a request's counts to its new slot; a reset zeroes them."""
+    settings = AcceptanceSettings()
+    k_max, slots = 4, 3
+    rng = random.Random(5)
+    steps = []
+    for _ in range(60):
+        k = rng.choice([0, 1, 2, 4, 6])  # 6: more than the block allows, counted as 4
+        rows = sorted(rng.sample(range(slots), rng.randint(1, slots)))
+        drafting = [rng.random() < 0.8 for _ in rows] if rng.random() < 0.3 else None
+        steps.append(("observe", rows, k, [rng.randint(0, min(k, k_max)) for _ in rows], drafting))
+    steps[20] = ("move", 2, 0)
+    steps[40] = ("reset", [1], [300])
+    tried = [[0.0] * k_max for _ in range(slots)]
+    hit = [[0.0] * k_max for _ in range(slots)]
+    pooled = [0.0] * k_max
+    length = [0.0] * slots
+    for step in steps:
+        if step[0] == "move":
+            _, src, dst = step
+            tried[dst], hit[dst], length[dst] = list(tried[src]), list(hit[src]), length[src]
+            continue
+        if step[0] == "reset":
+            tried[1], hit[1], length[1] = [0.0] * k_max, [0.0] * k_max, 300.0
+            continue
+        _, rows, k, accepted, drafting = step
+        k = min(k, k_max)
+        live = [(r, a) for i, (r, a) in enumerate(zip(rows, accepted)) if drafting is None or drafting[i]]
+        for i, r in enumerate(rows):
+            if drafting is not None and not drafting[i]:
+                length[r] += 1
+        if k == 0 or not live:
+            for r, _ in live:
+                length[r] += 1
+            continue
+        pooled = [settings.pooled_decay * p for p in pooled[:k]] + pooled[k:]
+        for r, a in live:
+            for j in range(min(a + 1, k)):
+                tried[r][j] = settings.slot_decay * tried[r][j] + 1.0
+                pooled[j] += 1.0
+                hit[r][j] = settings.slot_decay * hit[r][j] + (1.0 if j < a else 0.0)
+            length[r] += a + 1
+    for read_every in (1, 7, 1000):  # read after every step, now and then, and only at the end
+        model = AcceptanceModel(slots, k_max, settings)
+        for i, step in enumerate(steps):
+            if step[0] == "move":
+                model.move(step[1], step[2])
+            elif step[0] == "reset":
+                model.reset(step[1], step[2])
+            else:
+                model.observe(*step[1:])
+            if i % read_every == 0:
+                model.rates(list(range(slots)), bound=True)
+        np.testing.assert_allclose(model.tried, tried, rtol=1e-12)
+        np.testing.assert_allclose(model.accepted, hit, rtol=1e-12)
+        np.testing.assert_allclose(model.pooled_tried, pooled, rtol=1e-12)
+        assert model.context.tolist() == length
 
 
 # -- the policy ----------------------------------------------------------------------------------
@@ -570,6 +633,65 @@ def test_measured_steps_turn_a_policy_that_drafts_on_an_underestimated_cost_to_p
     assert policy.choose(view([0])) == 0
     weight = (1 - 0.9 ** 20) / (1 - 0.9)  # 20 timed drafting steps, decayed, beside 1 prior step
     assert policy.describe()["live_cost_factors"]["drafting"] == pytest.approx(3.0 ** (weight / (weight + 1)))
+
+
+def rejections_until_plain(policy, batch: int, steps: int = 200) -> tuple[int, int]:
+    """A batch drafting at acceptance 0.9 for 40 steps, then rejecting every draft: -> (the first step of the
+    second phase that chose plain, how often the first phase evaluated the expected rates)."""
+    rng, evaluations = random.Random(0), []
+    real = policy.expected_rates
+    policy.expected_rates = lambda view_: evaluations.append(1) or real(view_)
+    rows = list(range(batch))
+    for _ in range(40):
+        k = policy.choose(view(rows))
+        accepted = []
+        for _ in rows:
+            n = 0
+            while n < k and rng.random() < 0.9:
+                n += 1
+            accepted.append(n)
+        policy.observe(rows, k, accepted)
+    first_phase = len(evaluations)
+    for step in range(steps):
+        k = policy.choose(view(rows))
+        if k == 0:
+            return step, first_phase
+        policy.observe(rows, k, [0] * batch)  # whatever k, only position 1 is reached and rejected
+    return steps, first_phase
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_a_clear_drafting_choice_is_kept_a_few_steps_and_given_up_as_late_as_that(batch, monkeypatch):
+    """Where drafting clearly wins, the policy evaluates the expected rates about once in DRAFT_KEPT_STEPS steps (each
+    evaluation runs cold between steps); when the drafts start failing it turns plain at most DRAFT_KEPT_STEPS - 1
+    steps later than a policy that evaluates every step (rejected steps teach the same whatever their k)."""
+    cost = linear_cost(plain=1.0, per_draft=0.01, draft_overhead=0.2, per_batch=0.05)
+    kept_at, kept_evaluations = rejections_until_plain(prepared(cost), batch)
+    monkeypatch.setattr("trtllm_dflash.draft_length.policy.DRAFT_KEPT_STEPS", 1)
+    every_at, every_evaluations = rejections_until_plain(prepared(cost), batch)
+    assert DRAFT_KEPT_STEPS > 1 and every_evaluations == 40 and kept_evaluations <= 40 // DRAFT_KEPT_STEPS + 1
+    assert 0 < every_at <= kept_at <= every_at + DRAFT_KEPT_STEPS - 1
+
+
+def test_a_kept_drafting_choice_ends_with_the_batch_or_an_admission():
+    cost = linear_cost(plain=1.0, per_draft=0.01, draft_overhead=0.2, per_batch=0.05)
+    policy = prepared(cost)
+    feed(policy.acceptance, [0, 1], 0.9, steps=30)
+    evaluations = []
+    real = policy.expected_rates
+    policy.expected_rates = lambda view_: evaluations.append(1) or real(view_)
+    assert policy.choose(view([0, 1])) > 0 and len(evaluations) == 1
+    assert policy.choose(view([0, 1])) > 0 and len(evaluations) == 1  # kept
+    policy.choose(view([0]))  # the batch changed
+    assert len(evaluations) == 2
+    policy.choose(view([0, 1]))
+    policy.choose(view([0, 1]))  # kept again
+    assert len(evaluations) == 3
+    policy.admit([1], [100])  # a new request in slot 1: the same slots, another batch
+    policy.choose(view([0, 1]))
+    assert len(evaluations) == 4
+    policy.choose(view([0, 1], remaining=[5, 1000]))  # half the batch within a block of its end
+    assert len(evaluations) == 5
 
 
 def test_plain_only_admission_gives_way_when_a_probe_is_due():

@@ -42,73 +42,127 @@ class AcceptanceSettings:
 
 CONTEXT_BASE = 256  # contexts below it share bucket 0; bucket i >= 1 holds [BASE * 2^(i-1), BASE * 2^i)
 CONTEXT_BUCKETS = 8  # the last one holds everything from 256 * 2^6 = 16384 tokens on
+BASE_BITS = CONTEXT_BASE.bit_length()  # 9: a context c >= 1 is in bucket floor(log2(c / 256)) + 1 = bit_length(c) - 8
 
 
-def context_buckets(contexts) -> np.ndarray:
-    """[B] context lengths (tokens) -> [B] bucket indices."""
-    c = np.maximum(np.asarray(contexts, dtype=float), 1.0)
-    return np.clip(np.floor(np.log2(c / CONTEXT_BASE)) + 1, 0, CONTEXT_BUCKETS - 1).astype(int)
+def context_buckets(contexts) -> list[int]:
+    """[B] context lengths (tokens; numbers or an array) -> [B] bucket indices. Python ints, not numpy: it runs at
+    every step on at most a batch of values, where each numpy call's fixed cost (and its code's, cold after the
+    step) is most of the work."""
+    values = contexts.tolist() if isinstance(contexts, np.ndarray) else contexts
+    top = CONTEXT_BUCKETS - 1
+    return [min(max(int(c).bit_length() - BASE_BITS + 1, 0), top) if c >= 1 else 0 for c in values]
+
+
+def slot_rows(slots: list[int]) -> slice | list[int]:
+    """-> an index of per-slot arrays: a slice where slots are 0..n-1 in order (the generator keeps its running
+    requests there, `Generator.compact`), whose reads are views updated in place; else the list itself."""
+    n = len(slots)
+    return slice(0, n) if n and slots[-1] == n - 1 and slots == list(range(n)) else slots
 
 
 class AcceptanceModel:
+    """Counts are stacked [2, ...] (trials, acceptances) so one numpy call updates or reads both: the model runs
+    between steps, where each call's fixed cost dominates arrays this small (benchmarks/policy_host_time.py)."""
+
     def __init__(self, num_slots: int, max_draft_len: int, settings: AcceptanceSettings = AcceptanceSettings()):
         self.settings, self.max_draft_len = settings, max_draft_len
-        self.tried = np.zeros((num_slots, max_draft_len))  # [S, K] decayed trials of position j + 1
-        self.accepted = np.zeros((num_slots, max_draft_len))  # [S, K] decayed acceptances
-        self.pooled_tried = np.zeros(max_draft_len)  # [K] over all contexts
-        self.pooled_accepted = np.zeros(max_draft_len)
-        self.bucket_tried = np.zeros((CONTEXT_BUCKETS, max_draft_len))  # [C, K] per context bucket
-        self.bucket_accepted = np.zeros((CONTEXT_BUCKETS, max_draft_len))
-        self.context = np.zeros(num_slots)  # [S] each slot's committed length (tokens), kept by `observe`
+        k = max_draft_len
+        self.slot_counts = np.zeros((2, num_slots, k))  # [2, S, K] decayed trials, acceptances of position j + 1
+        self.pooled_counts = np.zeros((2, k))  # [2, K] over all contexts
+        self.bucket_counts = np.zeros((2, CONTEXT_BUCKETS, k))  # [2, C, K] per context bucket
+        self.lengths = np.zeros(num_slots)  # [S] each slot's committed length (tokens), kept by `observe`
+        # observed steps not yet applied, in order: (slots, draft length, accepted, drafting); applied by `folded`
+        # before anything reads or changes the counts, so a policy that reads them every few steps pays the
+        # bookkeeping once for several steps, with its code warm after the first (between steps, right after
+        # the step's own work, each call runs several times slower: benchmarks/policy_host_time.py)
+        self.pending: list[tuple] = []
+        # per row that accepted a = 0..K drafts, [3, K + 1, K]: the factor its own counts decay by (only positions
+        # it reached forget), and its evidence: position j + 1 reached (every earlier draft accepted), accepted.
+        # A step of k drafts reads the first k positions.
+        position, a = np.arange(k)[None, :], np.arange(k + 1)[:, None]
+        self.by_accepted = np.stack([np.where(position <= a, settings.slot_decay, 1.0), position <= a, position < a])
+        # [K + 2, K]: whether draft position j + 1 can still emit a token for a request with r = 0..K + 1 remaining
+        self.useful = (position < np.arange(k + 2)[:, None] - 1).astype(float)
         # bucket_rates(bound) -> [C, K], until the pooled counts change: they change only on drafting steps, so
         # a run of plain steps (where choosing is most of the host work per step) plans without the chain
         self.bucket_cache: dict[bool, np.ndarray] = {}
-        self.version = 0  # bumped whenever any count changes (a drafting step, an admission)
+        self.version = 0  # bumped whenever the evidence changes (a drafting step observed, an admission, a move)
         self.tokens_cache: tuple = ((), None)  # (key, expected_tokens) of the last call
+
+    # the counts as [S, K], [K] and [C, K] arrays, and each slot's context [S], every observed step applied
+    tried = property(lambda self: self.folded().slot_counts[0])
+    accepted = property(lambda self: self.folded().slot_counts[1])
+    pooled_tried = property(lambda self: self.folded().pooled_counts[0])
+    pooled_accepted = property(lambda self: self.folded().pooled_counts[1])
+    bucket_tried = property(lambda self: self.folded().bucket_counts[0])
+    bucket_accepted = property(lambda self: self.folded().bucket_counts[1])
+    context = property(lambda self: self.folded().lengths)
+
+    def folded(self) -> AcceptanceModel:
+        """Apply the observed steps not applied yet, in order; -> self."""
+        if self.pending:
+            pending, self.pending = self.pending, []
+            for step in pending:
+                self.apply(*step)
+        return self
 
     def reset(self, slots: list[int], contexts: list[int] | None = None) -> None:
         """New requests in these slots (prompts of `contexts` tokens) start from their context bucket's rates."""
-        self.tried[slots] = 0
-        self.accepted[slots] = 0
-        self.context[slots] = 0 if contexts is None else contexts
+        self.folded()
+        self.slot_counts[:, slots] = 0
+        self.lengths[slots] = 0 if contexts is None else contexts
         self.version += 1
 
     def move(self, src: int, dst: int) -> None:
         """The request in slot src now occupies slot dst: its evidence and context go along."""
-        for counts in (self.tried, self.accepted, self.context):
-            counts[dst] = counts[src]
+        self.folded()
+        self.slot_counts[:, dst] = self.slot_counts[:, src]
+        self.lengths[dst] = self.lengths[src]
         self.version += 1
 
     def observe(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None = None) -> None:
         """One verified step: `draft_len` drafts per row, accepted[i] of them accepted by row slots[i]; drafting:
-        which rows drafted (None: all), the others ran a plain step's token beside them (no evidence)."""
+        which rows drafted (None: all), the others ran a plain step's token beside them (no evidence). A plain
+        step with nothing pending is applied at once (one array update); anything else waits for `folded`."""
+        if self.pending or draft_len > 0:
+            self.pending.append((list(slots), draft_len, list(accepted), None if drafting is None else list(drafting)))
+            if draft_len > 0:  # evidence, applied at the next read: estimates and kept plain choices are stale
+                self.version += 1
+        else:
+            self.lengths[slots] += 1
+
+    def apply(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None) -> None:
+        """One observed step (see `observe`) applied to the counts."""
         if drafting is not None and not all(drafting):
-            self.context[[s for s, d in zip(slots, drafting) if not d]] += 1
+            self.lengths[[s for s, d in zip(slots, drafting) if not d]] += 1
             slots, accepted = [s for s, d in zip(slots, drafting) if d], [a for a, d in zip(accepted, drafting) if d]
         k = min(draft_len, self.max_draft_len)
         if k == 0 or not slots:  # a plain step: one token each, no evidence (the common case: kept cheap)
-            self.context[slots] += 1
+            self.lengths[slots] += 1
             return
-        rows = np.asarray(slots, dtype=int)
-        buckets = context_buckets(self.context[rows])  # where each row stood when it drafted
-        self.context[rows] += np.minimum(np.asarray(accepted), k) + 1  # the tokens the step emitted
+        a = [min(n, k) for n in accepted]
+        rows = slot_rows(slots)
+        buckets = context_buckets(self.lengths[rows])  # where each row stood when it drafted
+        self.lengths[rows] += [n + 1 for n in a]  # the tokens the step emitted
         self.bucket_cache.clear()
-        self.version += 1
-        s = self.settings
-        a = np.minimum(np.asarray(accepted), k)[:, None]  # [B, 1]
-        position = np.arange(k)[None, :]  # [1, k]: 0-based, position j + 1
-        tried = (position <= a).astype(float)  # reached: every earlier draft was accepted
-        hit = (position < a).astype(float)
-        self.pooled_tried[:k] = s.pooled_decay * self.pooled_tried[:k] + tried.sum(0)
-        self.pooled_accepted[:k] = s.pooled_decay * self.pooled_accepted[:k] + hit.sum(0)
-        seen = np.unique(buckets)  # only the buckets this step saw forget
-        self.bucket_tried[seen, :k] *= s.pooled_decay
-        self.bucket_accepted[seen, :k] *= s.pooled_decay
-        np.add.at(self.bucket_tried[:, :k], buckets, tried)
-        np.add.at(self.bucket_accepted[:, :k], buckets, hit)
-        keep = np.where(tried > 0, s.slot_decay, 1.0)  # only positions this step reached forget
-        self.tried[rows, :k] = keep * self.tried[rows, :k] + tried
-        self.accepted[rows, :k] = keep * self.accepted[rows, :k] + hit
+        decay = self.settings.pooled_decay
+        table = self.by_accepted[:, a, :k]  # [3, B, k]
+        evidence = table[1:]  # [2, B, k]
+        total = evidence.sum(1)  # [2, k]
+        pooled = self.pooled_counts[:, :k]  # views, updated in place
+        pooled *= decay
+        pooled += total
+        for b in sorted(set(buckets)):  # only the buckets this step saw forget
+            same = [i for i, x in enumerate(buckets) if x == b]
+            counts = self.bucket_counts[:, b, :k]
+            counts *= decay
+            counts += total if len(same) == len(buckets) else evidence[:, same].sum(1)
+        counts = self.slot_counts[:, rows, :k]  # [2, B, k]: a view when rows is a slice
+        counts *= table[0]
+        counts += evidence
+        if not isinstance(rows, slice):
+            self.slot_counts[:, rows, :k] = counts
 
     def chain(self, tried: np.ndarray, accepted: np.ndarray, bound: bool) -> np.ndarray:
         """[..., K] decayed counts -> rates: position j's mean shrunk toward position j - 1's (position 1's
@@ -134,10 +188,11 @@ class AcceptanceModel:
 
     def pooled_rates(self, bound: bool = False) -> np.ndarray:
         """[K] rates over all requests and contexts."""
-        return self.chain(self.pooled_tried, self.pooled_accepted, bound)
+        return self.chain(*self.folded().pooled_counts, bound)
 
     def bucket_rates(self, bound: bool = False) -> np.ndarray:
         """[C, K] each context bucket's rates (see `estimate_bucket_rates`), kept until a drafting step."""
+        self.folded()
         if bound not in self.bucket_cache:
             self.bucket_cache[bound] = self.estimate_bucket_rates(bound)
         return self.bucket_cache[bound]
@@ -155,39 +210,49 @@ class AcceptanceModel:
         each), about 7 % of that point's time in a scratch trace of the served loop. Dropping the borrowed
         deep evidence instead fixed that but cost requests that cross into a new bucket at an unchanged
         acceptance (their deep positions then chained from alpha_1 alone)."""
-        others_tried = np.maximum(self.pooled_tried[None] - self.bucket_tried, 0.0)  # [C, K]
-        others_accepted = np.clip(self.pooled_accepted[None] - self.bucket_accepted, 0.0, others_tried)
-        scale = np.minimum(1.0, self.settings.context_weight / np.maximum(others_tried, 1e-9))
-        tried, accepted = self.bucket_tried + scale * others_tried, self.bucket_accepted + scale * others_accepted
-        # alpha_1 means [C, 1] as `chain` shrinks position 1: (accepted + w * prior) / (tried + w)
+        others = np.maximum(self.pooled_counts[:, None] - self.bucket_counts, 0.0)  # [2, C, K] the other contexts'
+        np.minimum(others[1], others[0], out=others[1])  # their acceptances, at most their trials
+        scale = np.minimum(1.0, self.settings.context_weight / np.maximum(others[0], 1e-9))  # [C, K]
+        counts = self.bucket_counts + scale * others  # [2, C, K]
+        # alpha_1 means as `chain` shrinks position 1, (accepted + w * prior) / (tried + w): [2, C] with the
+        # borrowed trials, and of the other contexts alone
         w, prior = self.settings.prior_weight, self.settings.prior
-        own_first = (accepted[:, :1] + w * prior) / (tried[:, :1] + w)  # with the borrowed trials
-        their_first = (others_accepted[:, :1] + w * prior) / (others_tried[:, :1] + w)
-        relative = np.minimum(own_first / their_first, 1.0)  # [C, 1]
-        accepted[:, 1:] = self.bucket_accepted[:, 1:] + relative * scale[:, 1:] * others_accepted[:, 1:]
-        return self.chain(tried, accepted, bound)
+        first = np.stack((counts[:, :, 0], others[:, :, 0]))  # [2 (own, theirs), 2 (tried, accepted), C]
+        first = (first[:, 1] + w * prior) / (first[:, 0] + w)
+        relative = np.minimum(first[0] / first[1], 1.0)[:, None]  # [C, 1]
+        counts[1, :, 1:] = self.bucket_counts[1, :, 1:] + relative * scale[:, 1:] * others[1, :, 1:]
+        return self.chain(counts[0], counts[1], bound)
 
     def rates(self, slots: list[int], bound: bool = False) -> np.ndarray:
         """[B, K] each slot's conditional acceptance rates (shrunk toward its context bucket's, or their bound)."""
+        rows = slot_rows(slots)
+        rates = self.bucket_rates(bound)  # folded
+        buckets = context_buckets(self.lengths[rows])
+        prior = rates[buckets[0]] if len(set(buckets)) == 1 else rates[buckets]  # [K] (all in one bucket) or [B, K]
+        tried, accepted = self.slot_counts[:, rows]  # [B, K] each
         w = self.settings.slot_weight
-        prior = self.bucket_rates(bound)[context_buckets(self.context[slots])]
-        return (self.accepted[slots] + w * prior) / (self.tried[slots] + w)
+        return (accepted + w * prior) / (tried + w)
 
     def expected_tokens(self, slots: list[int], remaining: list[int]) -> np.ndarray:
         """[B, K + 1]: expected tokens each request emits at draft length 0..K (the target's own token
         included), counting none past its remaining budget (tokens beyond max_new_tokens are wasted).
         Kept while nothing it depends on changes (in a run of plain steps: the same requests, no new
         evidence, the same context buckets), so a plain run does not recompute it every step."""
-        buckets = context_buckets(self.context[slots])
-        key = (tuple(slots), tuple(min(r, self.max_draft_len + 1) for r in remaining), tuple(buckets.tolist()),
-               self.version)
+        buckets = context_buckets(self.folded().lengths[slot_rows(slots)])
+        key = (tuple(slots), tuple(min(r, self.max_draft_len + 1) for r in remaining), tuple(buckets), self.version)
         if self.tokens_cache[0] != key:
             self.tokens_cache = (key, self.estimate_tokens(slots, remaining))
         return self.tokens_cache[1]
 
     def estimate_tokens(self, slots: list[int], remaining: list[int]) -> np.ndarray:
-        # [B, K]: P(at least j + 1 drafts accepted), planned with the optimistic rates (they explore)
+        # [B, K]: P(at least j + 1 drafts accepted), planned with the optimistic rates (they explore); counting none
+        # past a request's remaining budget (r remaining: positions j + 1 < r can still emit)
         survive = np.cumprod(self.rates(slots, bound=True), axis=1)
-        useful = np.arange(self.max_draft_len)[None, :] < (np.asarray(remaining)[:, None] - 1)
-        gained = np.cumsum(survive * useful, axis=1)
-        return 1.0 + np.concatenate([np.zeros((len(slots), 1)), gained], axis=1)
+        top = self.max_draft_len + 1
+        if min(remaining) < top:
+            survive *= self.useful[[max(0, min(r, top)) for r in remaining]]
+        tokens = np.empty((len(slots), top))  # [B, K + 1]
+        tokens[:, 0] = 1.0
+        np.cumsum(survive, axis=1, out=tokens[:, 1:])
+        tokens[:, 1:] += 1.0
+        return tokens

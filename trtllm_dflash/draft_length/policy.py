@@ -124,6 +124,17 @@ PLAIN_ONLY_AFTER = 16  # plain-best steps in a row before newcomers are admitted
 # us), runs several times slower between steps (the step has just evicted it from the caches) and was a few
 # percent of a plain step of the built-in pair.
 PLAIN_KEPT_STEPS = 8
+# A drafting choice is kept for this many steps while the batch stays the same and the choice beats plain by
+# DRAFT_KEPT_GAIN times the batch's margin at the live cost factors (`CostBasedDraftLen.keeps_drafting`). Only the
+# kept steps' evidence and slow drifts (context, cost factors) change meanwhile; the acceptance model applies the
+# evidence of those steps in one go at the next choice (`AcceptanceModel.folded`). Choosing at every drafting step
+# cost the built-in pair's closed loop about 400 us of host time a step at 1 row and 580 at 16 on this project's
+# CPU, with the H100's cost model (benchmarks/policy_host_time.py: the step has just evicted the policy's code and
+# data from the caches, so the same work runs about four times slower than warm). Keeping choices took it to about
+# 150 and 400 us. On an H100 a 1-row whole-block step of that pair took 2.5-3.6 ms always drafting 15 and 3.1-4.4
+# ms under this policy (per-repeat medians, benchmarks/results/gpu_h100_policy/prefill_e1f6625).
+DRAFT_KEPT_STEPS = 4
+DRAFT_KEPT_GAIN = 1.1  # at concurrency 16 on the H100's cost model, 9 in 10 drafting choices beat plain by more
 CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the policy reads
 # a request's own drafting steps (decayed trials of draft position 1: two steps are 0.9 + 1 = 1.9) before it may
 # stop paying for the drafter's context (`CostBasedDraftLen.keeps_context`)
@@ -196,7 +207,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.newcomer_waits = False  # ... or not: its prompt-length bucket's probes are backed off (not its turn)
         self.correction = StepCostCorrection()
         self.table: tuple = ((), None)  # (key, step_table) of the last call
-        self.kept, self.kept_key = 0, None  # steps a plain choice is still kept, for which batch and evidence
+        self.kept, self.kept_key = 0, None  # steps a choice is still kept, for which batch (and evidence: plain)
+        self.kept_choice, self.kept_gain = 0, 0.0  # a kept drafting choice, its gain over plain (`best`)
         self.kept_context: tuple = ((), None)  # (key, keeps_context) of the last call
         self.newcomers: NewcomerBackoff | None = None  # which newcomers probe, per prompt-length bucket
         self.admitted: frozenset[int] = frozenset()  # the slots of the last `admit`'s requests
@@ -213,7 +225,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.newcomer_waits = False
         self.correction = StepCostCorrection()
         self.table = ((), None)  # the cost model may be new
-        self.kept, self.kept_key = 0, None
+        self.kept, self.kept_key, self.kept_choice = 0, None, 0
         self.kept_context = ((), None)
         self.newcomers = NewcomerBackoff(slots, self.probe.newcomer_longest)
 
@@ -224,6 +236,7 @@ class CostBasedDraftLen(DraftLenPolicy):
             self.newcomer = self.newcomers.admit(slots, contexts)
             self.newcomer_waits = not self.newcomer and self.newcomers.backed_off(contexts)
         self.admitted = frozenset(slots)
+        self.kept = 0  # new requests may take finished ones' slots: the batch's key alone would not show it
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
         """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
@@ -263,16 +276,33 @@ class CostBasedDraftLen(DraftLenPolicy):
         return 1 + int(np.argmax(rates[1:affordable + 1]))  # seconds grow with k: the affordable ones come first
 
     def best(self, batch: BatchView) -> int:
-        """argmax over k of the expected rate; a plain choice kept PLAIN_KEPT_STEPS steps while the batch
-        and the evidence stay the same."""
-        key = (tuple(batch.slots), batch.drafting, self.acceptance.version)
-        if self.kept > 0 and key == self.kept_key:
-            self.kept -= 1
-            return 0
+        """argmax over k of the expected rate; a plain choice kept PLAIN_KEPT_STEPS steps while the batch and the
+        evidence stay the same, a clear drafting choice DRAFT_KEPT_STEPS while the batch does (`keeps_drafting`)."""
+        key = (tuple(batch.slots), batch.drafting)
+        if self.kept > 0 and self.kept_key == (key, self.acceptance.version if self.kept_choice == 0 else None):
+            if self.kept_choice == 0 or self.keeps_drafting(batch):
+                self.kept -= 1
+                return self.kept_choice
         rates = self.last_rates = self.expected_rates(batch)
         best = pick(rates, self.margin(batch))
-        self.kept, self.kept_key = (PLAIN_KEPT_STEPS - 1, key) if best == 0 else (0, None)
+        self.kept, self.kept_key, self.kept_choice = 0, None, 0
+        if best == 0:
+            self.kept, self.kept_key = PLAIN_KEPT_STEPS - 1, (key, self.acceptance.version)
+        else:
+            plain, drafting = self.correction.factors()
+            self.kept_gain = rates[best] / rates[0] * drafting / plain  # the gain at live cost factors of 1
+            if self.keeps_drafting(batch):
+                self.kept, self.kept_key, self.kept_choice = DRAFT_KEPT_STEPS - 1, (key, None), best
         return best
+
+    def keeps_drafting(self, batch: BatchView) -> bool:
+        """Whether the last drafting choice, at the live cost factors now, still beats plain by DRAFT_KEPT_GAIN times
+        the margin, with at most a quarter of the requests within a block of their end (whose expected tokens
+        shrink with their remaining budget: at concurrency 16 one or more of them are in most steps)."""
+        plain, drafting = self.correction.factors()
+        ending = sum(r <= batch.max_draft_len for r in batch.remaining)
+        gain = self.kept_gain * plain / drafting
+        return 4 * ending <= len(batch.slots) and gain >= DRAFT_KEPT_GAIN * self.margin(batch)
 
     def newcomer_probe(self, batch: BatchView) -> bool:
         """A request joined a batch small enough to probe for it (see ProbeSettings), and it is its turn."""
