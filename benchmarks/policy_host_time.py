@@ -3,7 +3,8 @@ model (issue 16, cause 2 of benchmarks/results/gpu_h100_policy/RUN.md: auto's 16
 0.7-1.7 ms longer than always-15's at the same shape on the H100, per-repeat medians).
 
     python benchmarks/policy_host_time.py [--cost RESULTS/gpu_policy.json] [--repeats 3] [--points short:16]
-                                          [--step-mode eager] [--output FILE]
+                                          [--step-mode eager] [--device cpu] [--output FILE]
+    python benchmarks/policy_host_time.py --device cuda --threads 4 --output $OUT/policy_host_time.json  # a GPU host
 
 On this CPU (eager, or compile: `--step-mode`), the built-in pair's DFlash generator runs gpu_policy.py's closed
 loop (the served warm-up, then 16 clients, 6 requests each, 128 new tokens) under a CostBasedDraftLen built on
@@ -17,7 +18,8 @@ more repeat times the acceptance model's `folded` (where the steps `observe` que
 as called and the same call again at once. Before the kept drafting choices (1bb4b84) that repeat timed `observe`,
 which then applied each step itself: results/policy_host_time_1bb4b84.json.
 The policy's work is host Python and numpy whatever the device, so its size here is what it would add to
-a GPU step on a host of this speed. Writes benchmarks/results/policy_host_time.json.
+a GPU step on a host of this speed; `--device cuda` (the device's default step mode unless `--step-mode`) measures
+it on a GPU host itself, between real GPU steps. Writes benchmarks/results/policy_host_time.json.
 """
 
 from __future__ import annotations
@@ -131,7 +133,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--points", default="short:16")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--step-mode", default="eager", help="eager or compile (this CPU's passes as a GPU's: few ops)")
+    p.add_argument("--step-mode", default=None,
+                   help="eager or compile on a CPU (compile: few ops a step, as on a GPU); default eager on a CPU, the "
+                        "device's default (cuda-graphs) on a GPU")
+    p.add_argument("--device", default="cpu")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
     from trtllm_dflash.draft_length.cost import CostModel
@@ -139,7 +144,9 @@ def main() -> None:
     points = parse_points(args.points)
     record = json.loads(args.cost.read_text())
     cost = CostModel.from_json(record["cost_model"], str(args.cost))
-    spec, _, prompts, _ = offline_pairs(args.threads, max(c for _, c in points), "cpu", args.step_mode)
+    if args.step_mode is None and args.device == "cpu":
+        args.step_mode = "eager"
+    spec, _, prompts, _ = offline_pairs(args.threads, max(c for _, c in points), args.device, args.step_mode)
     runs = [one_repeat(spec.generator, cost, prompts, points) for _ in range(args.repeats)]
     twice = fold_twice(spec.generator, cost, prompts, points)
     if twice:
@@ -174,7 +181,8 @@ def main() -> None:
     args.output.write_text(json.dumps({
         "command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "cost_model_from": str(args.cost), "cost_device": record["cost_model"]["meta"].get("device"),
-        "threads": args.threads, "step_mode": args.step_mode, "repeats": args.repeats, "totals": totals, "cells": table,
+        "threads": args.threads, "device": args.device, "step_mode": spec.generator.step_mode.mode,
+        "repeats": args.repeats, "totals": totals, "cells": table,
         "fold_cold_and_warm": twice},
         indent=1) + "\n")
 
