@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from gpu_policy import StepTrace  # noqa: E402
 from newcomer_backoff import capacity, closed_loop, offline_pairs, parse_points, served_warm_up  # noqa: E402
 
 from trtllm_dflash.draft_length import policy as policies  # noqa: E402
@@ -32,24 +33,11 @@ OUT = Path(__file__).parent / "results" / "kept_choices.json"
 CASES = {"kept (4)": 4, "every step (1)": 1}
 
 
-class Counted:
-    """Counts a generator's steps, its drafting steps and its policy's evaluations of the expected rates."""
-
-    def __init__(self, generator, policy):
-        self.steps = self.drafting = self.evaluations = 0
-        step, rates = type(generator).step.__get__(generator), policy.expected_rates
-
-        def counted_step(*a, **kw):
-            ran = step(*a, **kw)
-            self.steps += 1
-            self.drafting += max((s.result.draft_lengths[-1] for s in ran), default=0) > 0
-            return ran
-
-        def counted_rates(batch):
-            self.evaluations += 1
-            return rates(batch)
-
-        generator.step, policy.expected_rates = counted_step, counted_rates
+def count_evaluations(policy) -> list:
+    """Wraps `policy.expected_rates` (an instance attribute); -> a list that gets one item per evaluation."""
+    evaluations, rates = [], policy.expected_rates
+    policy.expected_rates = lambda batch: evaluations.append(1) or rates(batch)
+    return evaluations
 
 
 def one_case(generator, cost, kept: int, prompts: dict, points, outputs: dict) -> dict:
@@ -59,15 +47,17 @@ def one_case(generator, cost, kept: int, prompts: dict, points, outputs: dict) -
     generator.policy = policy
     generator.allocate(max(c for _, c in points), capacity(generator), generator.block)
     served_warm_up(generator, prompts, 2)
-    out = {}
+    evaluations, out = count_evaluations(policy), {}
     for context, c in points:
-        counted = Counted(generator, policy)
+        trace, before = StepTrace().wrap(generator), len(evaluations)
         try:
             tokens_per_s, _ = closed_loop(generator, prompts[context], c, outputs.setdefault(f"{context}:{c}", []))
         finally:
-            del generator.step
-        out[f"{context}:{c}"] = {"tokens_per_s": tokens_per_s, "steps": counted.steps,
-                                 "drafting_steps": counted.drafting, "rate_evaluations": counted.evaluations}
+            del generator.step, generator.admit
+        cells = trace.summary()["steps"]  # "rows k keeping" -> counts
+        out[f"{context}:{c}"] = {"tokens_per_s": tokens_per_s, "steps": sum(v["count"] for v in cells.values()),
+                                 "drafting_steps": sum(v["count"] for key, v in cells.items() if key.split()[1] != "0"),
+                                 "rate_evaluations": len(evaluations) - before}
     return out
 
 

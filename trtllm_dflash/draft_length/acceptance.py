@@ -130,7 +130,7 @@ class AcceptanceModel:
             if draft_len > 0:  # evidence, applied at the next read: estimates and kept plain choices are stale
                 self.version += 1
         else:
-            self.lengths[slots] += 1
+            self.apply(slots, draft_len, accepted, drafting)
 
     def apply(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None) -> None:
         """One observed step (see `observe`) applied to the counts."""
@@ -138,7 +138,7 @@ class AcceptanceModel:
             self.lengths[[s for s, d in zip(slots, drafting) if not d]] += 1
             slots, accepted = [s for s, d in zip(slots, drafting) if d], [a for a, d in zip(accepted, drafting) if d]
         k = min(draft_len, self.max_draft_len)
-        if k == 0 or not slots:  # a plain step: one token each, no evidence (the common case: kept cheap)
+        if k == 0 or not slots:  # a plain step: one token each, no evidence (the common case: one array update)
             self.lengths[slots] += 1
             return
         a = [min(n, k) for n in accepted]
