@@ -250,6 +250,7 @@ def test_torch_repository_config_is_valid_triton_config(builtin, tmp_path):
     assert {i.name for i in config.input} >= {"text_input", "streaming", "sampling_param_max_tokens",
                                               "sampling_param_ignore_eos", "sampling_param_stop"}
     assert config.parameters["max_batch_size"].string_value == "4"
+    assert config.parameters["admission_wait_ms"].string_value == "50.0"  # serve/admission.py's default hold
     assert "trtllm_dflash.serve.triton_model" in (model / "1" / "model.py").read_text()
 
 

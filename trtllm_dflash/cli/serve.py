@@ -39,6 +39,9 @@ def parser() -> Parser:
     p.add_argument("--step-mode", default="auto", help="torch engines: how decode steps run: eager, compile "
                    "(torch.compile) or cuda-graphs; auto (default): cuda-graphs on a GPU, eager on a CPU; "
                    "tensor-parallel engines run eager")
+    p.add_argument("--admission-wait-ms", type=float, default=50.0, help="torch engines: how long a waiting request "
+                   "may be held so that one prefill admits several (only where the engine's measured per-call "
+                   "admission cost and the arrival rate make that pay; 0: admit at once; default 50)")
     p.add_argument("--write-only", action="store_true", help="write the repository (and, for trtllm engines, its "
                    "launch scripts) and exit")
     p.add_argument("--repository-only", action="store_true", help="write the model repository alone and exit (the "
@@ -89,7 +92,7 @@ def run(argv: list[str] | None) -> int:
     if not (args.repository_only or args.write_only or args.print_launch):
         check_ports_free(ends, args.openai_port)  # one line now, not a Triton log line after the model loads
     settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding, args.draft_len,
-                             args.threads, args.step_mode)
+                             args.threads, args.step_mode, args.admission_wait_ms)
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
     frontend = openai_settings(args)  # checked before anything is written

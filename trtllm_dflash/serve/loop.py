@@ -19,6 +19,7 @@ from typing import Protocol
 from ..errors import DFlashError
 from ..generator import Generator, Sequence
 from ..request import Request
+from .admission import AdmissionGate, AdmissionSettings, fixed_cost
 from .failures import CANCELLED, INTERNAL_ERROR, OVERLOADED, SHUTTING_DOWN
 from .torch_thread import TorchThread
 
@@ -54,6 +55,7 @@ class ServeRequest:
     arrival_ns: int = field(default_factory=time.time_ns)
     sent_text: str = ""  # streamed so far (generated text only)
     first_token_ns: int = 0
+    admissible_s: float | None = None  # time.monotonic() when the loop first had a free slot for it
 
 
 @dataclass
@@ -75,7 +77,8 @@ class Counters:
 
 class ServingLoop:
     def __init__(self, generator: Generator, tokenizer, max_batch_size: int, max_seq_len: int, max_queue: int,
-                 on_update=None, on_step=None, stop_file: str | None = None, torch_thread: TorchThread | None = None):
+                 on_update=None, on_step=None, stop_file: str | None = None, torch_thread: TorchThread | None = None,
+                 admission: AdmissionSettings = AdmissionSettings()):
         self.generator, self.tokenizer = generator, tokenizer
         # dflash-serve creates this file to begin a shutdown: Triton unloads a model only once its requests
         # are over, so the loop must end them first (each gets a final SHUTTING_DOWN response)
@@ -83,6 +86,7 @@ class ServingLoop:
         self.draining = False
         self.max_queue = max_queue
         self.pending: queue.Queue[ServeRequest] = queue.Queue()
+        self.waiting: list[ServeRequest] = []  # taken from `pending` (the loop's own), each with a free slot for it
         self.counters = Counters()
         self.counting = threading.Lock()  # count() runs on Triton's threads too (rejections)
         self.unexported: dict[str, int] = {}  # counts since the last export
@@ -93,6 +97,8 @@ class ServingLoop:
         self.torch_thread = torch_thread or TorchThread("dflash-serving-loop")
         # on the thread that steps: the cost-based policy calibrates here, and it must time that thread's steps
         self.torch_thread.call(lambda: generator.allocate(max_batch_size, max_seq_len, generator.block))
+        fixed = self.torch_thread.call(lambda: fixed_cost(generator)) if admission.max_wait_s > 0 else 0.0
+        self.gate = AdmissionGate(fixed, admission)
         self.stopping = threading.Event()
         self.running: Future | None = None
 
@@ -107,8 +113,9 @@ class ServingLoop:
             self.generator.validate(req.request)
         except DFlashError as exc:
             return self.reject(req.responder, str(exc))
-        if self.pending.qsize() >= self.max_queue:
-            return self.reject(req.responder, f"{OVERLOADED}: {self.pending.qsize()} requests already waiting "
+        waiting = self.queued()
+        if waiting >= self.max_queue:
+            return self.reject(req.responder, f"{OVERLOADED}: {waiting} requests already waiting "
                                     f"(max queue {self.max_queue}); retry later")
         self.pending.put(req)
 
@@ -165,16 +172,26 @@ class ServingLoop:
             self.export()
             seq.tag.responder.error(message)
 
+    def queued(self) -> int:
+        """Requests not yet admitted (read from Triton's threads too: a list's length is one atomic read)."""
+        return self.pending.qsize() + len(self.waiting)
+
     def admit(self) -> None:
-        free = len(self.generator.slots.free())
-        batch = []
-        while len(batch) < free:
+        """Admit the requests that have free slots, when the gate says so (admission.py)."""
+        free, now = len(self.generator.slots.free()), time.monotonic()
+        while len(self.waiting) < free:
             try:
-                batch.append(self.pending.get_nowait())
+                self.waiting.append(self.pending.get_nowait())
             except queue.Empty:
                 break
-        if not batch:
+        batch = self.waiting[:free]
+        for r in batch:
+            if r.admissible_s is None:
+                r.admissible_s = now
+                self.gate.arrived(now)
+        if not self.gate.ready(len(self.generator.slots.running), [now - r.admissible_s for r in batch]):
             return self.publish()
+        del self.waiting[: len(batch)]
         try:
             sequences = self.generator.admit([r.request for r in batch], tags=batch)
         except DFlashError as exc:  # validated at submit; only a changed engine state gets here
@@ -287,7 +304,7 @@ class ServingLoop:
 
     def running_gauges(self) -> bool:
         """Refresh the gauges from the batch and the queue; -> whether they changed."""
-        running, queued = len(self.generator.slots.running), self.pending.qsize()
+        running, queued = len(self.generator.slots.running), self.queued()
         if (running, queued) == (self.counters.running, self.counters.queued):
             return False
         self.counters.running, self.counters.queued = running, queued
@@ -303,6 +320,9 @@ class ServingLoop:
 
     def shutdown(self) -> None:
         self.fail_running(f"{SHUTTING_DOWN}: request cancelled")
+        waiting, self.waiting = self.waiting, []
+        for r in waiting:
+            self.reject(r.responder, f"{SHUTTING_DOWN}: request cancelled")
         while not self.pending.empty():
             self.reject(self.pending.get_nowait().responder, f"{SHUTTING_DOWN}: request cancelled")
 

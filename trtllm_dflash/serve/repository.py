@@ -24,6 +24,7 @@ from ..errors import DFlashError
 from ..step_mode import AUTO as STEP_AUTO
 from ..step_mode import MODES as STEP_MODES
 from ..threads import resolve_threads
+from .admission import MAX_WAIT_S, AdmissionSettings
 
 # (name, Triton type, dims, optional) of TensorRT-LLM's llmapi model, plus our extensions
 INPUTS = [
@@ -71,6 +72,7 @@ class ServeSettings:
     draft_len: str = "auto"  # torch engines: auto | N | a draft_len_schedule file (draft_length/settings.py)
     threads: int | None = None  # torch engines: torch threads of the model (default: threads.default_threads)
     step_mode: str = STEP_AUTO  # torch engines: eager | compile | cuda-graphs | auto (step_mode.py)
+    admission_wait_ms: float = MAX_WAIT_S * 1e3  # torch engines: longest hold of a request to group admissions
 
     def __post_init__(self):
         if self.decoding not in DECODINGS:
@@ -80,6 +82,7 @@ class ServeSettings:
         resolve_threads(self.threads)  # at least 1, named as the flag
         if self.step_mode != STEP_AUTO and self.step_mode not in STEP_MODES:
             raise DFlashError(f"--step-mode must be one of {', '.join((STEP_AUTO, *STEP_MODES))}, got {self.step_mode!r}")
+        AdmissionSettings(self.admission_wait_ms / 1e3)  # a bad --admission-wait-ms fails here, not at model load
         for name in ("max_batch_size", "max_queue"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -148,7 +151,8 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
                   "max_seq_len": manifest.limits["max_seq_len"], "tp_size": manifest.tp_size,
                   "decoding": settings.decoding, "draft_len": draft_len_param(settings, manifest),
                   "threads": resolve_threads(settings.threads, manifest.tp_size),
-                  "step_mode": step_mode_param(settings, manifest)}
+                  "step_mode": step_mode_param(settings, manifest),
+                  "admission_wait_ms": settings.admission_wait_ms}
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)

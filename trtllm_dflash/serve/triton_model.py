@@ -23,6 +23,7 @@ from ..errors import DFlashError
 from ..request import Request
 from ..sampling import SamplingParams
 from ..threads import set_threads
+from .admission import MAX_WAIT_S, AdmissionSettings
 from .loop import Counters, ServeRequest, ServingLoop
 from .shutdown import STOP_FILE_ENV
 from .torch_thread import TorchThread
@@ -132,7 +133,10 @@ class TritonPythonModel:
         self.metrics = self.make_metrics(generator.block - 1)
         self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
                                 int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics,
-                                self.metrics["draft_length"].observe, os.environ.get(STOP_FILE_ENV), self.torch_thread)
+                                self.metrics["draft_length"].observe, os.environ.get(STOP_FILE_ENV), self.torch_thread,
+                                AdmissionSettings(float(params.get("admission_wait_ms", MAX_WAIT_S * 1e3)) / 1e3))
+        print(f"dflash: admissions: fixed cost {self.loop.gate.fixed_s * 1e3:.2f} ms a call, held up to "
+              f"{self.loop.gate.settings.max_wait_s * 1e3:g} ms to group them", file=sys.stderr, flush=True)
         self.loop.start()
 
     def load(self, engine_dir: str, tp: int, decoding: str, step_mode: str | None):
