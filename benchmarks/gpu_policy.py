@@ -3,6 +3,7 @@ and never drafting, offline, the built-in pair on one CUDA device in its default
 
     python benchmarks/gpu_policy.py --out DIR [--repeats 5] [--deadline-s 400] [--plain-path-rounds N]
                                     [--admission-rounds N] [--points short:1,short:4,short:16,1024:1,1024:16]
+                                    [--admission-gate]
     python benchmarks/gpu_policy.py --device cpu --step-mode eager --repeats 1 --points short:1 --out /tmp/p  # smoke
 
 The served benchmark's workload without the server (newcomer_admission.py's: held-out snippets and 1024-token
@@ -17,7 +18,9 @@ length, rows keeping the drafter's context) with their seconds and tokens, and t
 Writes DIR/gpu_policy.json after every repeat, so a lease that runs out keeps the repeats done; no repeat
 starts after --deadline-s. `--plain-path-rounds N` first runs gpu_plain_path.py's measurement on the same
 pipelines (DIR/gpu_plain_path.json), `--admission-rounds N` gpu_admission.py's (DIR/gpu_admission.json): one
-load and compile for all.
+load and compile for all. `--admission-gate` adds a case: the cost policy with each point's requests admitted through
+the serving loop's admission gate (serve/admission.py; its fixed cost measured on this device per repeat, after
+the warm-up), as `dflash-serve` admits them.
 """
 
 from __future__ import annotations
@@ -32,20 +35,23 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 import gpu_admission  # noqa: E402
 import gpu_plain_path  # noqa: E402
-from newcomer_backoff import (capacity, closed_loop, parse_points, served_warm_up,  # noqa: E402
+from newcomer_backoff import (capacity, closed_loop, gated_loop, parse_points, served_warm_up,  # noqa: E402
                               write_results)
 from serve_dflash_vs_plain import NEW_TOKENS  # noqa: E402
 
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, FixedDraftLen  # noqa: E402
+from trtllm_dflash.serve.admission import AdmissionGate, fixed_cost  # noqa: E402
 
 WARMUP = 4  # requests of each context, as the served benchmark's --warmup 4
 CASES = ("plain", "auto (cost policy)", "always 15", "never drafting")
+GATED = "auto + admission gate"
 
 
 def case_policy(name: str, calibrated, max_draft_len: int):
     """A fresh policy per case and repeat, like a fresh server (None: the plain generator's own)."""
     return {"plain": None, "auto (cost policy)": CostBasedDraftLen(calibrated.cost),
-            "always 15": FixedDraftLen(max_draft_len), "never drafting": FixedDraftLen(0)}[name]
+            GATED: CostBasedDraftLen(calibrated.cost), "always 15": FixedDraftLen(max_draft_len),
+            "never drafting": FixedDraftLen(0)}[name]
 
 
 class StepTrace:
@@ -88,24 +94,30 @@ class StepTrace:
     def summary(self) -> dict:
         steps = {key: {"count": c, "seconds": s, "tokens": t, "median_ms": statistics.median(ms)}
                  for key, (c, s, t, ms) in sorted(self.steps.items())}
-        return {"admit_s": self.admit_s, "admits": self.admits, "steps": steps}
+        return {"admit_s": self.admit_s, "admits": self.admits, "steps": steps,
+                **({"admission_fixed_cost_s": self.fixed_cost_s} if hasattr(self, "fixed_cost_s") else {})}
 
 
 def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]], outputs: dict,
-               traces: dict) -> dict:
+               traces: dict, gated: bool = False) -> dict:
     """newcomer_backoff.one_server with each point's outputs kept in outputs[point] and its steps traced in
-    traces[point] (a StepTrace)."""
+    traces[point] (a StepTrace); gated: admissions through an AdmissionGate, as the serving loop's."""
     if policy is not None:
         generator.policy = policy
     generator.allocate(max(c for _, c in points), capacity(generator), generator.block)
     served_warm_up(generator, prompts, WARMUP)
+    fixed = fixed_cost(generator) if gated else 0.0
     run = {}
     try:
         for context, c in points:
             key = f"{context}:{c}"
             outputs[key] = []
             traces[key] = StepTrace().wrap(generator)
-            run[key] = closed_loop(generator, prompts[context], c, outputs[key])
+            if gated:
+                run[key] = gated_loop(generator, prompts[context], c, outputs[key], AdmissionGate(fixed))
+                traces[key].fixed_cost_s = fixed
+            else:
+                run[key] = closed_loop(generator, prompts[context], c, outputs[key])
     finally:
         del generator.step, generator.admit  # the class's own again
     return run
@@ -142,8 +154,10 @@ def main() -> None:
     p.add_argument("--admission-rounds", type=int, default=0,
                    help="first, gpu_admission.py's measurement with this many rounds on the same pipelines "
                         "(0: none); written to DIR/gpu_admission.json")
+    p.add_argument("--admission-gate", action="store_true", help=f"add the case '{GATED}'")
     gpu_plain_path.device_args(p)
     args = p.parse_args()
+    cases = CASES + ((GATED,) if args.admission_gate else ())
     args.output = Path(args.out) / "gpu_policy.json"
     points = parse_points(args.points)
     load_before, started, clock = os.getloadavg(), time.time(), time.perf_counter()
@@ -154,24 +168,24 @@ def main() -> None:
         plain_path(args, spec, plain, slots, started, clock)
     if args.admission_rounds:
         admission(args, spec, plain, prompts, slots, started, clock)
-    runs, wrong = {name: [] for name in CASES}, {name: [] for name in CASES[1:]}
-    traces = {name: [] for name in CASES}  # per repeat: point -> StepTrace.summary()
+    runs, wrong = {name: [] for name in cases}, {name: [] for name in cases[1:]}
+    traces = {name: [] for name in cases}  # per repeat: point -> StepTrace.summary()
     for r in range(args.repeats):
         if time.perf_counter() - clock > args.deadline_s:
             print(f"deadline: {r} repeats done", file=sys.stderr)
             break
         outputs = {}
-        for name in (CASES if r % 2 == 0 else CASES[::-1]):
+        for name in (cases if r % 2 == 0 else cases[::-1]):
             policy = case_policy(name, calibrated, spec.generator.block - 1)
             outputs[name], traced = {}, {}
             generator = plain.generator if name == "plain" else spec.generator
-            runs[name].append(one_server(generator, policy, prompts, points, outputs[name], traced))
+            runs[name].append(one_server(generator, policy, prompts, points, outputs[name], traced, name == GATED))
             traces[name].append({key: trace.summary() for key, trace in traced.items()})
-        for name in CASES[1:]:
+        for name in cases[1:]:
             wrong[name].append(mismatches(outputs[name], outputs["plain"]))
         print(f"[{time.perf_counter() - clock:5.0f} s] repeat {r}: " + "; ".join(
             f"{n} " + " ".join(f"{runs[n][-1][k][0] / runs['plain'][-1][k][0]:.2f}" for k in runs[n][-1])
-            for n in CASES[1:]) + f"; outputs differing from plain: {[wrong[n][-1] for n in CASES[1:]]}",
+            for n in cases[1:]) + f"; outputs differing from plain: {[wrong[n][-1] for n in cases[1:]]}",
             file=sys.stderr, flush=True)
         write_results(args, started, load_before, runs, points, {
             "device": gpu_plain_path.device_record(args.device), "step_mode": spec.generator.step_mode.mode,

@@ -54,6 +54,37 @@ def closed_loop(generator, prompts: list[list[int]], concurrency: int,
     return tokens / (time.perf_counter() - start), sum(not any(s.result.draft_lengths) for s in done)
 
 
+def gated_loop(generator, prompts: list[list[int]], concurrency: int, outputs: list, gate,
+               clock=time.perf_counter, on_admit=None) -> tuple[float, int]:
+    """`closed_loop` with the serving loop's admission gate (serve/admission.py) between steps: each client's next
+    request (prompts in closed_loop's order) arrives when its last one ends and is admitted when `gate` says (at
+    once where gate is None). clock:
+    seconds (a benchmark's priced clock: `on_admit(n)` is told each admission's size). -> (output tokens/s on
+    `clock`, requests that never drafted)."""
+    from trtllm_dflash.request import Request
+
+    todo, waiting, done, running = list(range(REQUESTS_PER_CLIENT * concurrency))[::-1], [], [], generator.slots.running
+    start = clock()
+    while todo or waiting or running:
+        now = clock()
+        while todo and len(waiting) + len(running) < concurrency:
+            waiting.append((todo.pop(0), now))
+            if gate is not None:
+                gate.arrived(now)
+        batch = waiting[: len(generator.slots.free())]
+        if batch and (gate is None or gate.ready(len(running), [now - t for _, t in batch])):
+            done += generator.admit([Request(prompts[i % len(prompts)], NEW_TOKENS, ignore_eos=True)
+                                     for i, _ in batch])
+            if on_admit is not None:
+                on_admit(len(batch))
+            del waiting[: len(batch)]
+        if running:
+            generator.step()
+    outputs.extend(list(s.result.output_ids) for s in done)
+    tokens = sum(len(s.result.output_ids) for s in done)
+    return tokens / (clock() - start), sum(not any(s.result.draft_lengths) for s in done)
+
+
 def serve_one_at_a_time(generator, prompts: list[list[int]], new_tokens: int = NEW_TOKENS) -> None:
     from trtllm_dflash.request import Request
 
