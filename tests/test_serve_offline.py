@@ -284,6 +284,8 @@ def test_plain_decoding_repositories(builtin, tmp_path):
     trt = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "t"), backend="trtllm"), "test")
     model = write_repository(trt, tmp_path / "repo2", ServeSettings("m", decoding="plain"))
     assert "speculative_config" not in yaml.safe_load((model / "1" / "model.yaml").read_text())
+    with pytest.raises(DFlashError, match="--admission-wait-ms 10 applies to torch engines"):
+        write_repository(trt, tmp_path / "repo3", ServeSettings("m", admission_wait_ms=10))
     with pytest.raises(DFlashError, match="--decoding must be one of dflash, plain, got 'eagle'"):
         ServeSettings("m", decoding="eagle")
 

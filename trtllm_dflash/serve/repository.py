@@ -157,6 +157,9 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)
     else:
+        if settings.admission_wait_ms != MAX_WAIT_S * 1e3:
+            raise DFlashError(f"--admission-wait-ms {settings.admission_wait_ms:g} applies to torch engines; "
+                              f"TensorRT-LLM's executor schedules a trtllm engine's admissions")
         if settings.draft_len != AUTO:
             raise DFlashError("--draft-len applies to torch engines; a trtllm engine's draft lengths come from its "
                               "build (dflash-build --backend trtllm --draft-len-schedule FILE)")
