@@ -868,3 +868,38 @@ def test_in_a_large_batch_a_request_stops_keeping_the_drafter_context_where_its_
             assert policy.choose(view(slots)) == 1
         assert policy.keeps_context(view(slots)) == [kept] * size
         assert policy.describe()["newcomer_probes_backed_off"] == {}
+
+
+def test_large_batches_verdicts_back_off_only_newcomers_of_large_batches():
+    """A request that ends keeping the drafter's context after failing drafts is a failure for its prompt's
+    bucket. Two in a row in a batch of at most newcomer_batch back off that bucket's newcomers everywhere; in a
+    batch of 16, whose own drafting is rare and short, only newcomers joining a large batch (plain-only there
+    where nobody else keeps the context), while a newcomer of a small batch still probes. Counted for every batch,
+    the verdicts of a closed loop at concurrency 16 admitted the next concurrency-4 point plain-only
+    (benchmarks/bucket_verdicts.py)."""
+    cost = linear_cost(plain=1.0, per_draft=0.05, draft_overhead=0.2, per_batch=0.0)
+
+    def fail_and_end(policy, slots):
+        policy.admit(slots, [100] * len(slots))
+        policy.choose(view(slots))
+        for _ in range(2):  # two own drafting steps, nothing accepted: tried[slot, 0] = 1.9 >= OWN_PROBES
+            policy.observe(slots, 2, [0] * len(slots))
+        for slot in slots:
+            policy.release(slot, drafting=True)
+
+    large = prepared(cost)
+    fail_and_end(large, list(range(16)))
+    fail_and_end(large, list(range(16)))
+    described = large.describe()
+    assert described["newcomer_probes_backed_off"] == {}
+    assert described["large_batch_newcomers_backed_off"] == {"0": 16}
+    large.admit([0, 1], [100, 100])
+    assert large.newcomer_probe(view([0, 1]))  # a newcomer in a small batch still probes
+    large.choose(view([0, 1]))
+    large.admit(list(range(16)), [100] * 16)
+    assert large.drafts_for(view(range(16))) is False  # newcomers of a large batch: plain-only
+    small = prepared(cost)
+    fail_and_end(small, [0, 1])
+    fail_and_end(small, [0, 1])
+    assert small.describe()["newcomer_probes_backed_off"] == {"0": 8}  # four failures: one newcomer in 2^3
+    assert small.describe()["large_batch_newcomers_backed_off"] == {}

@@ -211,7 +211,18 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.kept_choice, self.kept_gain = 0, 0.0  # a kept drafting choice, its gain over plain (`best`)
         self.kept_context: tuple = ((), None)  # (key, keeps_context) of the last call
         self.newcomers: NewcomerBackoff | None = None  # which newcomers probe, per prompt-length bucket
+        self.crowd: NewcomerBackoff | None = None  # ... its verdicts from large batches, for large batches (`judges`)
+        self.crowd_waits = False  # the newcomers' bucket is backed off by large batches' verdicts (not its turn)
         self.admitted: frozenset[int] = frozenset()  # the slots of the last `admit`'s requests
+        # Whether a request ending now is judged as one of a small batch, as one stopping in the last `choose`'s
+        # batch is (`judging`). Verdicts from a batch of at most `probe.newcomer_batch` back off its bucket's
+        # newcomers everywhere (`newcomers`); those from a larger batch only newcomers joining a large batch
+        # (`crowd`). A large batch drafts rarely and short (its probes cost at most `large_batch_cost` plain
+        # steps: one or two drafts), so its requests' own evidence is mostly the first draft's, a coin flip for
+        # the built-in drafter. Counted for every batch, a closed loop of snippets at concurrency 16 backed their
+        # bucket off to one newcomer in 16 in most repeats, and the concurrency-4 point after it admitted all 24
+        # of its requests plain-only in 5 of 8 (benchmarks/bucket_verdicts.py).
+        self.judges = True
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = generator.slots.usable, generator.block - 1
@@ -228,6 +239,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.kept, self.kept_key, self.kept_choice = 0, None, 0
         self.kept_context = ((), None)
         self.newcomers = NewcomerBackoff(slots, self.probe.newcomer_longest)
+        self.crowd = NewcomerBackoff(slots, self.probe.newcomer_longest)
+        self.judges, self.crowd_waits = True, False
 
     def admit(self, slots: list[int], contexts: list[int]) -> None:
         if self.acceptance is not None:
@@ -235,6 +248,7 @@ class CostBasedDraftLen(DraftLenPolicy):
             # whether they probe at their first step (`choose` and `drafts_for` see the batch size)
             self.newcomer = self.newcomers.admit(slots, contexts)
             self.newcomer_waits = not self.newcomer and self.newcomers.backed_off(contexts)
+            self.crowd_waits = not self.crowd.admit(slots, contexts) and self.crowd.backed_off(contexts)
         self.admitted = frozenset(slots)
         self.kept = 0  # new requests may take finished ones' slots: the batch's key alone would not show it
 
@@ -247,9 +261,11 @@ class CostBasedDraftLen(DraftLenPolicy):
         return tokens.sum(0)[: len(seconds)] / seconds
 
     def choose(self, batch: BatchView) -> int:
+        self.judges = self.judging(batch)
         best = self.best(batch)
         self.plain_streak = 0 if best > 0 else self.plain_streak + 1
         newcomer, self.newcomer, self.newcomer_waits = self.newcomer_probe(batch), False, False
+        self.crowd_waits = False
         if best > 0:  # drafting pays: probes start over from the first wait once it stops paying
             self.wait = self.probe.first
             return best
@@ -311,6 +327,10 @@ class CostBasedDraftLen(DraftLenPolicy):
     def small(self, batch: BatchView) -> bool:
         return len(batch.slots) <= self.probe.newcomer_batch
 
+    def judging(self, batch: BatchView) -> bool:
+        """Whether requests stopping or ending in this batch are judged as a small batch's (see `judges`)."""
+        return self.small(batch)
+
     def margin(self, batch: BatchView) -> float:
         """How many times plain's expected rate a drafting step must reach (see MIN_GAIN)."""
         return 1.0 if self.small(batch) else self.min_gain
@@ -329,17 +349,30 @@ class CostBasedDraftLen(DraftLenPolicy):
         if self.acceptance is not None:
             self.acceptance.move(src, dst)
             self.newcomers.move(src, dst)
+            self.crowd.move(src, dst)
 
     def release(self, slot: int, drafting: bool) -> None:
         """A request that ends still keeping the drafter's context, with enough drafting steps of its own, is
-        judged for its prompt-length bucket by whether some draft length pays for it alone (see `pays_alone`)."""
+        judged for its prompt-length bucket by whether some draft length pays for it alone (see `pays_alone`),
+        as a small or a large batch's request (`judges`)."""
         if self.acceptance is None:
             return
         if drafting and self.acceptance.tried[slot, 0] >= OWN_PROBES:
             context = int(self.acceptance.context[slot])
-            self.newcomers.judged(slot, bool(self.pays_alone([slot], [self.acceptance.max_draft_len + 1], context)[0]))
+            self.verdict(slot, bool(self.pays_alone([slot], [self.acceptance.max_draft_len + 1], context)[0]),
+                         self.judges)
         else:
-            self.newcomers.forget(slot)
+            self.verdict(slot, None, True)
+
+    def verdict(self, slot: int, paid: bool | None, small: bool) -> None:
+        """The request in `slot` is judged (paid: whether drafting pays for it alone; None: no verdict) by the
+        back-off of its batch's kind, and forgotten by the other (see `judges`)."""
+        judge, other = (self.newcomers, self.crowd) if small else (self.crowd, self.newcomers)
+        other.forget(slot)
+        if paid is None:
+            judge.forget(slot)
+        else:
+            judge.judged(slot, paid)
 
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself
@@ -385,7 +418,8 @@ class CostBasedDraftLen(DraftLenPolicy):
             return False
         if self.newcomer_probe(batch):  # a probe is due: it can only run once every running request drafts
             return True
-        if self.newcomer_waits and not self.others_keep_context(batch):
+        waits = self.newcomer_waits or (self.crowd_waits and not self.small(batch))  # large batches: either back-off
+        if waits and not self.others_keep_context(batch):
             return False
         if self.plain_run + 1 >= self.wait and not (self.newcomer_waits and self.small(batch)):
             return True
@@ -451,10 +485,8 @@ class CostBasedDraftLen(DraftLenPolicy):
             for slot, d, kept, a in zip(batch.slots, drafting, keep, alone):
                 if not d or kept:
                     continue
-                if a:  # only the batch's size stopped it: no verdict on its prompt's bucket
-                    self.newcomers.forget(slot)
-                else:  # it stops drafting: a failure for its prompt's bucket
-                    self.newcomers.judged(slot, False)
+                # only the batch's size stopped it (it pays alone): no verdict; else a failure for its bucket
+                self.verdict(slot, None if a else False, self.judging(batch))
             self.kept_context = (key, keep)
         return self.kept_context[1]
 
@@ -490,4 +522,5 @@ class CostBasedDraftLen(DraftLenPolicy):
         return {"policy": self.name, "calibration": {k: meta[k] for k in ("device", "threads") if k in meta},
                 "min_gain_above_batch": {"min_gain": self.min_gain, "batch": self.probe.newcomer_batch},
                 "live_cost_factors": {"plain": plain, "drafting": drafting},
-                "newcomer_probes_backed_off": self.newcomers.describe() if self.newcomers else {}}
+                "newcomer_probes_backed_off": self.newcomers.describe() if self.newcomers else {},
+                "large_batch_newcomers_backed_off": self.crowd.describe() if self.crowd else {}}
