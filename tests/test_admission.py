@@ -118,9 +118,13 @@ def test_fixed_cost_is_the_saving_per_grouped_request_and_leaves_the_engine_as_i
         fixed_cost(gen)
 
 
-def test_one_slot_has_nothing_to_group(builtin):
+def test_one_slot_has_nothing_to_group_and_short_sequences_probe_short_prompts(builtin):
     gen = load_pipeline(*builtin).generator
     gen.allocate(1, 256, gen.block)
+    assert fixed_cost(gen) == 0.0
+    gen.allocate(4, gen.block + 5, gen.block)  # room for a 3-token prompt and its one new token
+    assert fixed_cost(gen) >= 0.0 and not gen.slots.running
+    gen.allocate(4, gen.block + 2, gen.block)  # no prompt fits: nothing measured, never held
     assert fixed_cost(gen) == 0.0
 
 

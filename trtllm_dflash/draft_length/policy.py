@@ -219,9 +219,9 @@ class CostBasedDraftLen(DraftLenPolicy):
         # newcomers everywhere (`newcomers`); those from a larger batch only newcomers joining a large batch
         # (`crowd`). A large batch drafts rarely and short (its probes cost at most `large_batch_cost` plain
         # steps: one or two drafts), so its requests' own evidence is mostly the first draft's, a coin flip for
-        # the built-in drafter. Counted for every batch, a closed loop of snippets at concurrency 16 backed their
+        # the built-in drafter. Counted for every newcomer, a closed loop of snippets at concurrency 16 backed their
         # bucket off to one newcomer in 16 in most repeats, and the concurrency-4 point after it admitted all 24
-        # of its requests plain-only in 5 of 8 (benchmarks/bucket_verdicts.py).
+        # of its requests plain-only in 6 of 8 repeats, offline (benchmarks/bucket_verdicts.py).
         self.judges = True
 
     def prepare(self, generator) -> None:

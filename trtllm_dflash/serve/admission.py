@@ -50,20 +50,22 @@ class AdmissionSettings:
 
 def fixed_cost(generator, repeats: int = 3, clock=time.perf_counter) -> float:
     """Seconds per admission call that admitting N requests at once saves over N calls of one: from the medians
-    of timed admissions of 1 and of N = min(PROBE_ROWS, slots) PROBE_TOKENS-token prompts, (N a1 - aN) / (N - 1),
+    of timed admissions of 1 and of N = min(PROBE_ROWS, slots) PROBE_TOKENS-token prompts (fewer where the
+    engine's sequences are shorter), (N a1 - aN) / (N - 1),
     at least 0. The generator must be allocated and idle; each probe request emits its one token at admission
     and leaves, and the draft-length policy is set aside meanwhile (it learns nothing from these)."""
     if generator.slots is None or generator.slots.running:
         raise DFlashError("measuring the admission cost needs an allocated, idle generator")
     rows = min(PROBE_ROWS, generator.slots.usable)
-    if rows < 2:  # one slot: there is never a second request to admit with the first
+    tokens = min(PROBE_TOKENS, generator.capacity - generator.block - 2)  # a probe's prompt must fit the engine
+    if rows < 2 or tokens < 1:  # one slot: there is never a second request to admit with the first
         return 0.0
     policy, generator.policy = generator.policy, FixedDraftLen(0)
     try:
         samples = {1: [], rows: []}
         for r in range(repeats + 1):  # the first round untimed: a compiled prefill compiles each shape there
             for n in (1, rows):
-                requests = [Request((1,) * PROBE_TOKENS, 1, ignore_eos=True) for _ in range(n)]
+                requests = [Request((1,) * tokens, 1, ignore_eos=True) for _ in range(n)]
                 start = clock()
                 generator.admit(requests, drafting=False)
                 seconds = clock() - start
