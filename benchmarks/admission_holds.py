@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from cpu_decode import run_record  # noqa: E402
 from newcomer_backoff import capacity, gated_loop, offline_pairs, parse_points, served_warm_up  # noqa: E402
 
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen  # noqa: E402
@@ -52,7 +54,7 @@ def main() -> None:
     p.add_argument("--points", default="short:16,short:4,1024:16")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
-    started = time.time()
+    started, load_before = time.time(), os.getloadavg()
     points = parse_points(args.points)
     spec, _, prompts, calibrated = offline_pairs(args.threads, max(c for _, c in points))
     generator, rows = spec.generator, []
@@ -68,9 +70,7 @@ def main() -> None:
                          "admission_calls": gate.now, "held": gate.held, "max_rate_per_s": gate.max_rate,
                          "tokens_per_s": tokens_per_s, "never_drafted": never})
             print(json.dumps(rows[-1]), flush=True)
-    args.output.write_text(json.dumps({
-        "command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "wall_s": time.time() - started, "threads": args.threads, "rows": rows}, indent=1) + "\n")
+    args.output.write_text(json.dumps(run_record(args, started, load_before) | {"rows": rows}, indent=1) + "\n")
     print(f"written: {args.output}")
 
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+from cpu_decode import run_record  # noqa: E402
 from newcomer_backoff import capacity, closed_loop, offline_pairs, parse_points, served_warm_up  # noqa: E402
 
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen  # noqa: E402
@@ -57,7 +59,7 @@ def main() -> None:
     p.add_argument("--points", default="short:16,short:4")
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
-    started = time.time()
+    started, load_before = time.time(), os.getloadavg()
     points = parse_points(args.points)
     spec, _, prompts, calibrated = offline_pairs(args.threads, max(c for _, c in points))
     cases = {"per batch kind (now)": CostBasedDraftLen, "any batch, every newcomer (before)": JudgedAnywhere}
@@ -75,9 +77,8 @@ def main() -> None:
                       "ratio_max": max(ratios), "ratios": ratios,
                       "never_drafted": {name: [run[key]["never_drafted"] for run in runs[name]] for name in cases}})
         print(json.dumps(table[-1]))
-    args.output.write_text(json.dumps({
-        "command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "wall_s": time.time() - started, "threads": args.threads, "table": table, "runs": runs}, indent=1) + "\n")
+    record = run_record(args, started, load_before) | {"table": table, "runs": runs}
+    args.output.write_text(json.dumps(record, indent=1) + "\n")
     print(f"written: {args.output}")
 
 

@@ -63,6 +63,7 @@ class StepTrace:
         self.steps: dict[str, list] = {}  # "rows k keep" -> [count, seconds, tokens, [ms per step]]
         self.admit_s = 0.0
         self.admits = 0  # admit calls (one batched prefill each)
+        self.fixed_cost_s: float | None = None  # the admission gate's fixed cost, where the point used one
 
     def wrap(self, generator):
         # the class's own, bound: generator.step may already be an earlier point's wrapper (an instance
@@ -94,8 +95,8 @@ class StepTrace:
     def summary(self) -> dict:
         steps = {key: {"count": c, "seconds": s, "tokens": t, "median_ms": statistics.median(ms)}
                  for key, (c, s, t, ms) in sorted(self.steps.items())}
-        return {"admit_s": self.admit_s, "admits": self.admits, "steps": steps,
-                **({"admission_fixed_cost_s": self.fixed_cost_s} if hasattr(self, "fixed_cost_s") else {})}
+        gate = {} if self.fixed_cost_s is None else {"admission_fixed_cost_s": self.fixed_cost_s}
+        return {"admit_s": self.admit_s, "admits": self.admits, "steps": steps, **gate}
 
 
 def one_server(generator, policy, prompts: dict, points: list[tuple[str, int]], outputs: dict,

@@ -34,24 +34,11 @@ CASES = {"plain": None, "every newcomer probes": 1, "back-off (default)": 16}  #
 
 def closed_loop(generator, prompts: list[list[int]], concurrency: int,
                 outputs: list | None = None) -> tuple[float, int]:
-    """`concurrency` requests in flight until REQUESTS_PER_CLIENT x concurrency have run; -> (output tokens/s,
-    requests that never drafted). Prompts in the served benchmark's order (its clients pop from the end).
-    outputs: gets each request's output ids, in admission order (the same order in every generator)."""
-    from trtllm_dflash.request import Request
-
-    todo, done = list(range(REQUESTS_PER_CLIENT * concurrency))[::-1], []
-    start = time.perf_counter()
-    while todo or generator.slots.running:
-        room = min(len(generator.slots.free()), concurrency - len(generator.slots.running), len(todo))
-        if room > 0:
-            done += generator.admit([Request(prompts[i % len(prompts)], NEW_TOKENS, ignore_eos=True)
-                                     for i in todo[:room]])
-            del todo[:room]
-        generator.step()
-    tokens = sum(len(s.result.output_ids) for s in done)
-    if outputs is not None:
-        outputs.extend(list(s.result.output_ids) for s in done)
-    return tokens / (time.perf_counter() - start), sum(not any(s.result.draft_lengths) for s in done)
+    """`concurrency` requests in flight until REQUESTS_PER_CLIENT x concurrency have run, each admitted as soon as
+    it has a slot; -> (output tokens/s, requests that never drafted). Prompts in the served benchmark's order (its
+    clients pop from the end). outputs: gets each request's output ids, in admission order (the same order in
+    every generator)."""
+    return gated_loop(generator, prompts, concurrency, [] if outputs is None else outputs, None)
 
 
 def gated_loop(generator, prompts: list[list[int]], concurrency: int, outputs: list, gate,
