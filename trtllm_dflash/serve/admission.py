@@ -2,7 +2,7 @@
 
 An admission (`Generator.admit`: one prefill pass over the new prompts) stalls every running request while it
 runs, and part of its cost is per call whatever the number of prompts: on an H100 the built-in pair's compiled
-prefill took 3.2-3.7 ms for one short prompt or for 16 (eager 6-7 ms: host-bound, ~1,600 aten ops;
+prefill took 3.2-4.5 ms for one short prompt or for 16 (eager 6-7.4 ms: host-bound, ~1,600 aten ops;
 benchmarks/results/gpu_h100_policy/RUN.md). DFlash requests finish at different steps, as each accepts its own
 drafts, so a loaded server's replacements arrive one or two at a time where plain decoding's finish together:
 at snippets, concurrency 16, the H100 run's DFlash engine made 63-65 admission calls a point (0.24-0.28 s of a
