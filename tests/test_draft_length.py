@@ -870,6 +870,34 @@ def test_in_a_large_batch_a_request_stops_keeping_the_drafter_context_where_its_
         assert policy.describe()["newcomer_probes_backed_off"] == {}
 
 
+def test_in_a_large_batch_one_probe_keeps_the_drafter_context_only_where_another_probe_can_come():
+    """A wave of 16 requests joins after the batch's probes have failed long enough to back off to 512 plain steps,
+    on a cost where drafting loses at 16 rows. Their probe at admission rejects every draft. A request with fewer
+    than OWN_PROBES drafting steps normally keeps the drafter's context for its next one; in a large batch, one
+    that ends before the next probe, 1024 plain steps away (100 tokens left), drops it now; one that will see it
+    (2000 left) keeps it.
+    Too few drafting steps to judge: the drop backs off no newcomers (`make demo`'s one-wave points kept the
+    context for all 128 steps of each request before)."""
+    cost = linear_cost(plain=1.0, per_draft=0.2, draft_overhead=0.5)
+    slots = list(range(16))
+    for remaining, kept in ((100, False), (2000, True)):
+        policy = prepared(cost, probe=ProbeSettings(first=4))
+        policy.admit(slots, [100] * 16)
+        while policy.wait < 512:  # probes fail, the back-off doubles: 4, 8, ..., 512
+            policy.observe(slots, policy.choose(view(slots)), [0] * 16)
+        while policy.plain_run + 1 < policy.wait:  # plain steps until a probe is due
+            policy.observe(slots, 0, [0] * 16)
+        policy.admit(slots, [100] * 16)  # a new wave in the same slots
+        k = policy.choose(view(slots, remaining=[remaining] * 16))
+        assert k > 0  # the due probe
+        policy.observe(slots, k, [0] * 16)
+        batch = view(slots, 101, [remaining - 1] * 16)
+        assert policy.choose(batch) == 0 and policy.wait == 1024
+        assert all(policy.acceptance.tried[slots, 0] < 1.5)
+        assert policy.keeps_context(batch) == [kept] * 16
+        assert policy.describe()["large_batch_newcomers_backed_off"] == {}
+
+
 def test_large_batches_verdicts_back_off_only_newcomers_of_large_batches():
     """A request that ends keeping the drafter's context after failing drafts is a failure for its prompt's
     bucket. Two in a row in a batch of at most newcomer_batch back off that bucket's newcomers everywhere; in a
