@@ -173,7 +173,9 @@ def test_a_loop_at_a_low_arrival_rate_admits_at_once(builtin):
     arrives, as before the gate."""
     pipe = load_pipeline(*builtin)
     loop = ServingLoop(pipe.generator, pipe.tokenizer, 2, 256, 8)
-    assert 0 < loop.gate.fixed_s < 0.05  # measured at construction
+    # measured at construction; with 2 slots the estimate is 2 a1 - a2, which a loaded machine's noise can push to
+    # its floor of 0 (a clean-clone CI run measured 0.0): either way the gate admits at once here
+    assert 0 <= loop.gate.fixed_s < 0.05
     tok = pipe.tokenizer
     try:
         loop.start()

@@ -453,7 +453,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         """A request stops paying for the drafter's context once (1) a probe after a plain run has failed since
         the last newcomer's probe or drafting step (the wait has doubled past the first) and `drafts_for` says
         no for the batch, (2) it has drafted in at least two steps of its own (the built-in drafter's first
-        draft is a coin flip, and acceptance differs far more between requests than between contexts), and
+        draft is a coin flip, and acceptance differs far more between requests than between contexts), or in a
+        large batch one, where the next probe would come after its end (`another_probe`), and
         (3) by its own acceptance estimate no draft length would pay even if it decoded alone (the cheapest a
         drafting step gets: a request that would draft alone may yet draft when the batch shrinks), or, in a
         batch larger than `ProbeSettings.newcomer_batch`, none would in a batch of its size whose requests were
