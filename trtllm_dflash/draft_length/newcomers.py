@@ -9,7 +9,12 @@ of its plain steps written at each later drafting step until it is dropped (benc
 measures what backing off gains). So the outcome of each request that drafted enough to judge (`OWN_PROBES` own steps) is
 kept per bucket of its prompt's length: paid (by its own estimate some draft length beats a plain step even
 alone) or failed (it stopped keeping the drafter's context, or ended without paying). After n >= 2 failures in
-a row, one newcomer of that bucket in 2^(n-1) probes, at most one in `longest`; one that pays restarts it.
+a row, one newcomer of that bucket in 2^(n-1) probes, at most one in `longest`; one that pays restarts it. A bucket
+whose recent verdicts (decayed by HISTORY_DECAY per verdict) paid at least as often as they failed is not backed
+off whatever its run of failures: a mix of easy and hard prompts has runs of hard ones. `make demo`'s held-out
+snippets paid for 14 of 16 requests at concurrency 1, then four hard ones in a row at concurrency 4 backed the
+bucket off to one newcomer in 8, and the rest of that point, and the next sweep's concurrency 1 on the same server,
+ran plain (benchmarks/demo_waves.py).
 The others join plain-only where no running request keeps the drafter's context, whatever the bucket's estimates
 say (`CostBasedDraftLen.drafts_for`): its pooled rates come mostly from its easy requests, which draft for many
 steps while a hard one stops after two. An easy request of a backed-off bucket is found at its bucket's turn, which
@@ -23,15 +28,22 @@ import numpy as np
 from .acceptance import CONTEXT_BASE, CONTEXT_BUCKETS, context_buckets
 
 
+HISTORY_DECAY = 0.9  # per verdict of a bucket: its paid and failed counts remember about its last 10 verdicts
+
+
 class NewcomerBackoff:
     def __init__(self, num_slots: int, longest: int):
         self.longest = longest
         self.failures = np.zeros(CONTEXT_BUCKETS, dtype=int)  # [C] judged requests that failed in a row
+        self.history = np.zeros((2, CONTEXT_BUCKETS))  # [2 (paid, failed), C] decayed verdicts
         self.waited = np.zeros(CONTEXT_BUCKETS, dtype=int)  # [C] admissions since that bucket's last probe
         self.bucket = np.full(num_slots, -1)  # [S] prompt bucket of a slot's request not judged yet (-1: none)
 
     def every(self, bucket: int) -> int:
         """1 newcomer in this many of the bucket probes."""
+        paid, failed = self.history[:, bucket]
+        if paid >= failed:  # mostly paying lately: a run of failures is a run of hard requests, not the bucket
+            return 1
         return int(min(2 ** max(int(self.failures[bucket]) - 1, 0), self.longest))
 
     def admit(self, slots: list[int], contexts: list[int]) -> bool:
@@ -59,6 +71,8 @@ class NewcomerBackoff:
             return
         self.bucket[slot] = -1
         self.failures[bucket] = 0 if paid else self.failures[bucket] + 1
+        self.history[:, bucket] *= HISTORY_DECAY
+        self.history[0 if paid else 1, bucket] += 1
         if paid:
             self.waited[bucket] = 0
 
