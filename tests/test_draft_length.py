@@ -760,6 +760,26 @@ def test_newcomer_probes_back_off_per_bucket_after_two_failures_and_restart_on_a
     assert backoff.admit([0], [1024]) is True
 
 
+def test_a_bucket_that_mostly_paid_lately_is_not_backed_off_by_a_run_of_hard_requests():
+    """Eight requests of a bucket paid, then four failed in a row: its decayed verdicts (0.9 per verdict) still
+    paid as often as they failed (3.74 against 3.44), so every newcomer probes; a fifth failure tips them (3.36
+    against 4.10) and the run of five backs it off to one newcomer in `longest`. A bucket with no history backs
+    off after two failures, as before (`make demo`'s snippets: four hard ones in a row held a point plain)."""
+    backoff = NewcomerBackoff(num_slots=2, longest=4)
+    for paid in [True] * 8 + [False] * 4:
+        assert backoff.admit([0], [100]) is True
+        backoff.judged(0, paid)
+    assert backoff.every(0) == 1 and backoff.describe() == {}
+    backoff.admit([0], [100])
+    backoff.judged(0, False)
+    assert backoff.describe() == {"0": 4}
+    fresh = NewcomerBackoff(num_slots=2, longest=4)
+    for _ in range(2):
+        fresh.admit([0], [100])
+        fresh.judged(0, False)
+    assert fresh.describe() == {"0": 2}
+
+
 def serve_alone(policy, slot: int, context: int, alpha: float, steps: int, seed: int) -> bool:
     """One request alone, the way the generator runs it: admitted (drafting as `drafts_for` says), each step
     the policy's draft length unless it is plain-only, its drafter context dropped when `keeps_context` says,
