@@ -41,9 +41,7 @@ class StreakOnly(NewcomerBackoff):
 class StreakOnlyPolicy(CostBasedDraftLen):
     def prepare(self, generator) -> None:
         super().prepare(generator)
-        slots = generator.slots.usable
-        self.newcomers = StreakOnly(slots, self.probe.newcomer_longest)
-        self.crowd = StreakOnly(slots, self.probe.newcomer_longest)
+        self.newcomers = StreakOnly(generator.slots.usable, self.probe.newcomer_longest)
 
 
 CASES = {"plain": None, "before": StreakOnlyPolicy, "now": CostBasedDraftLen}

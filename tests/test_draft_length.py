@@ -764,7 +764,8 @@ def test_a_bucket_that_mostly_paid_lately_is_not_backed_off_by_a_run_of_hard_req
     """Eight requests of a bucket paid, then four failed in a row: its decayed verdicts (0.9 per verdict) still
     paid as often as they failed (3.74 against 3.44), so every newcomer probes; a fifth failure tips them (3.36
     against 4.10) and the run of five backs it off to one newcomer in `longest`. A bucket with no history backs
-    off after two failures, as before (`make demo`'s snippets: four hard ones in a row held a point plain)."""
+    off after two failures, as before (`make demo`'s snippets: four hard ones in a row held a point plain). Large
+    batches' back-off keeps the run rule alone."""
     backoff = NewcomerBackoff(num_slots=2, longest=4)
     for paid in [True] * 8 + [False] * 4:
         assert backoff.admit([0], [100]) is True
@@ -778,6 +779,12 @@ def test_a_bucket_that_mostly_paid_lately_is_not_backed_off_by_a_run_of_hard_req
         fresh.admit([0], [100])
         fresh.judged(0, False)
     assert fresh.describe() == {"0": 2}
+    streak = NewcomerBackoff(num_slots=2, longest=4, history=False)  # large batches' back-off: the run alone
+    for paid in [True] * 8 + [False] * 4:
+        streak.admit([0], [100])
+        streak.judged(0, paid)
+    assert streak.describe() == {"0": 4}
+    assert prepared(linear_cost(plain=1.0, per_draft=0.1)).crowd.use_history is False
 
 
 def serve_alone(policy, slot: int, context: int, alpha: float, steps: int, seed: int) -> bool:

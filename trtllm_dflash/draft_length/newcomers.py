@@ -11,7 +11,9 @@ kept per bucket of its prompt's length: paid (by its own estimate some draft len
 alone) or failed (it stopped keeping the drafter's context, or ended without paying). After n >= 2 failures in
 a row, one newcomer of that bucket in 2^(n-1) probes, at most one in `longest`; one that pays restarts it. A bucket
 whose recent verdicts (decayed by HISTORY_DECAY per verdict) paid at least as often as they failed is not backed
-off whatever its run of failures: a mix of easy and hard prompts has runs of hard ones. `make demo`'s held-out
+off whatever its run of failures: a mix of easy and hard prompts has runs of hard ones. Large batches' own
+back-off (`CostBasedDraftLen.crowd`) keeps the streak rule alone: there a request that pays decoding alone is
+judged paid though its batch would not draft, and a probe costs every row its verify. `make demo`'s held-out
 snippets paid for 14 of 16 requests at concurrency 1, then four hard ones in a row at concurrency 4 backed the
 bucket off to one newcomer in 8, and the rest of that point, and the next sweep's concurrency 1 on the same server,
 ran plain (benchmarks/demo_waves.py).
@@ -32,8 +34,9 @@ HISTORY_DECAY = 0.9  # per verdict of a bucket: its paid and failed counts remem
 
 
 class NewcomerBackoff:
-    def __init__(self, num_slots: int, longest: int):
+    def __init__(self, num_slots: int, longest: int, history: bool = True):
         self.longest = longest
+        self.use_history = history  # False: any run of n >= 2 failures backs off (large batches' back-off)
         self.failures = np.zeros(CONTEXT_BUCKETS, dtype=int)  # [C] judged requests that failed in a row
         self.history = np.zeros((2, CONTEXT_BUCKETS))  # [2 (paid, failed), C] decayed verdicts
         self.waited = np.zeros(CONTEXT_BUCKETS, dtype=int)  # [C] admissions since that bucket's last probe
@@ -42,7 +45,7 @@ class NewcomerBackoff:
     def every(self, bucket: int) -> int:
         """1 newcomer in this many of the bucket probes."""
         paid, failed = self.history[:, bucket]
-        if paid >= failed:  # mostly paying lately: a run of failures is a run of hard requests, not the bucket
+        if self.use_history and paid >= failed:  # mostly paying lately: a run of failures is a run of hard requests, not the bucket
             return 1
         return int(min(2 ** max(int(self.failures[bucket]) - 1, 0), self.longest))
 

@@ -239,7 +239,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.kept, self.kept_key, self.kept_choice = 0, None, 0
         self.kept_context = ((), None)
         self.newcomers = NewcomerBackoff(slots, self.probe.newcomer_longest)
-        self.crowd = NewcomerBackoff(slots, self.probe.newcomer_longest)
+        self.crowd = NewcomerBackoff(slots, self.probe.newcomer_longest, history=False)
         self.judges, self.crowd_waits = True, False
 
     def admit(self, slots: list[int], contexts: list[int]) -> None:
