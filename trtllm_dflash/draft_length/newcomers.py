@@ -16,7 +16,7 @@ back-off (`CostBasedDraftLen.crowd`) keeps the streak rule alone: there a reques
 judged paid though its batch would not draft, and a probe costs every row its verify. `make demo`'s held-out
 snippets paid for 14 of 16 requests at concurrency 1, then four hard ones in a row at concurrency 4 backed the
 bucket off to one newcomer in 8, and the rest of that point, and the next sweep's concurrency 1 on the same server,
-ran plain (benchmarks/demo_waves.py).
+ran plain (benchmarks/bucket_history.py).
 The others join plain-only where no running request keeps the drafter's context, whatever the bucket's estimates
 say (`CostBasedDraftLen.drafts_for`): its pooled rates come mostly from its easy requests, which draft for many
 steps while a hard one stops after two. An easy request of a backed-off bucket is found at its bucket's turn, which
@@ -44,8 +44,8 @@ class NewcomerBackoff:
 
     def every(self, bucket: int) -> int:
         """1 newcomer in this many of the bucket probes."""
-        paid, failed = self.history[:, bucket]
-        if self.use_history and paid >= failed:  # mostly paying lately: a run of failures is a run of hard requests, not the bucket
+        # mostly paying lately: a run of failures is a run of hard requests, not the bucket
+        if self.use_history and self.history[0, bucket] >= self.history[1, bucket]:
             return 1
         return int(min(2 ** max(int(self.failures[bucket]) - 1, 0), self.longest))
 
