@@ -31,17 +31,13 @@ from trtllm_dflash.draft_length.policy import CostBasedDraftLen  # noqa: E402
 OUT = Path(__file__).parent / "results" / "bucket_history.json"
 
 
-class StreakOnly(NewcomerBackoff):
-    """The rule before: n >= 2 failures in a row back a bucket off, whatever it paid before them."""
-
-    def every(self, bucket: int) -> int:
-        return int(min(2 ** max(int(self.failures[bucket]) - 1, 0), self.longest))
-
-
 class StreakOnlyPolicy(CostBasedDraftLen):
+    """The rule before: n >= 2 failures in a row back a bucket off, whatever it paid before them (the back-off that
+    large batches keep, `NewcomerBackoff(history=False)`)."""
+
     def prepare(self, generator) -> None:
         super().prepare(generator)
-        self.newcomers = StreakOnly(generator.slots.usable, self.probe.newcomer_longest)
+        self.newcomers = NewcomerBackoff(generator.slots.usable, self.probe.newcomer_longest, history=False)
 
 
 CASES = {"plain": None, "before": StreakOnlyPolicy, "now": CostBasedDraftLen}
@@ -55,31 +51,10 @@ def main() -> None:
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
     started, load_before = time.time(), os.getloadavg()
-    import torch
-
-    from trtllm_dflash.draft_length.calibrate import calibrator
-    from trtllm_dflash.pairs import stdlib_pair
-    from trtllm_dflash.pipeline import load_pipeline
-
-    torch.set_num_threads(args.threads)
-    demo_waves.CONCURRENCY = tuple(int(c) for c in args.concurrency.split(","))
-    target, drafter = stdlib_pair()
-    spec, plain = load_pipeline(target, drafter), load_pipeline(target)
-    prompts = demo_waves.demo_prompts(spec.tokenizer)
-    calibrated = CostBasedDraftLen(calibrator=calibrator(None))
-    spec.generator.policy = calibrated
-    spec.generator.allocate(max(demo_waves.CONCURRENCY), demo_waves.CAPACITY, spec.generator.block)
-    runs = {name: [] for name in CASES}
-    for r in range(args.repeats):
-        for name in list(CASES)[r % 3:] + list(CASES)[:r % 3]:
-            generator = plain.generator if CASES[name] is None else spec.generator
-            if CASES[name] is not None:
-                generator.policy = CASES[name](calibrated.cost)
-            runs[name].append(demo_waves.sweep(generator, prompts))
-        print(f"[{time.time() - started:5.0f} s] repeat {r}: " + json.dumps({n: runs[n][-1] for n in CASES}),
-              flush=True)
+    concurrency = tuple(int(c) for c in args.concurrency.split(","))
+    runs = demo_waves.rotated_runs(CASES, args.repeats, args.threads, concurrency, started)
     table = []
-    for c in map(str, demo_waves.CONCURRENCY):
+    for c in map(str, concurrency):
         row = {"concurrency": int(c)}
         for name in ("before", "now"):
             ratios = [a[c]["tokens_per_s"] / b[c]["tokens_per_s"] for a, b in zip(runs[name], runs["plain"])]

@@ -30,13 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_decode import run_record  # noqa: E402
+from newcomer_backoff import capacity, offline_pairs  # noqa: E402
 
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "demo_waves.json"
 CONCURRENCY = (1, 2, 4, 8, 16)  # make demo's default sweep
 MEASURED, WARMUP_PER_LOAD, NEW_TOKENS = 16, 2, 128  # dflash-demo --prompts-per-point, bench/spec.py, --osl
-CAPACITY = 1024 + NEW_TOKENS + 33
 
 
 class KeptAfterOneProbe(CostBasedDraftLen):
@@ -77,11 +77,11 @@ def closed_loop(generator, prompts, first: int, count: int, concurrency: int) ->
     return sum(len(s.result.output_ids) for s in done) / seconds, keeping, sum(not s.drafting for s in done)
 
 
-def sweep(generator, prompts) -> dict:
-    """One server's sweep: per point its warm-up, then the measured requests."""
-    generator.allocate(max(CONCURRENCY), CAPACITY, generator.block)
+def sweep(generator, prompts, concurrency: tuple[int, ...] = CONCURRENCY) -> dict:
+    """One server's sweep on freshly allocated caches: per point its warm-up, then the measured requests."""
+    generator.allocate(max(concurrency), capacity(generator), generator.block)
     out, nxt = {}, 0
-    for c in CONCURRENCY:
+    for c in concurrency:
         closed_loop(generator, prompts, nxt, WARMUP_PER_LOAD * c, c)
         nxt += WARMUP_PER_LOAD * c
         tokens_per_s, keeping, plain_only = closed_loop(generator, prompts, nxt, MEASURED, c)
@@ -94,6 +94,23 @@ def summary(ratios: list[float]) -> dict:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "ratios": ratios}
 
 
+def rotated_runs(cases: dict, repeats: int, threads: int, concurrency: tuple[int, ...], started: float) -> dict:
+    """cases: name -> policy class (None: plain decoding) -> name -> per repeat one sweep's points, the cases'
+    order rotating per repeat, the policies sharing one calibration (newcomer_backoff's offline pair)."""
+    spec, plain, _, calibrated = offline_pairs(threads, max(concurrency))
+    prompts = demo_prompts(spec.tokenizer)
+    runs = {name: [] for name in cases}
+    for r in range(repeats):
+        for name in list(cases)[r % len(cases):] + list(cases)[:r % len(cases)]:
+            generator = plain.generator if cases[name] is None else spec.generator
+            if cases[name] is not None:
+                generator.policy = cases[name](calibrated.cost)
+            runs[name].append(sweep(generator, prompts, concurrency))
+        print(f"[{time.time() - started:5.0f} s] repeat {r}: " + json.dumps({n: runs[n][-1] for n in cases}),
+              flush=True)
+    return runs
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=8)
@@ -101,29 +118,7 @@ def main() -> None:
     p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
     started, load_before = time.time(), os.getloadavg()
-    import torch
-
-    from trtllm_dflash.draft_length.calibrate import calibrator
-    from trtllm_dflash.pairs import stdlib_pair
-    from trtllm_dflash.pipeline import load_pipeline
-
-    torch.set_num_threads(args.threads)
-    target, drafter = stdlib_pair()
-    spec, plain = load_pipeline(target, drafter), load_pipeline(target)
-    prompts = demo_prompts(spec.tokenizer)
-    calibrated = CostBasedDraftLen(calibrator=calibrator(None))
-    spec.generator.policy = calibrated
-    spec.generator.allocate(max(CONCURRENCY), CAPACITY, spec.generator.block)
-    runs = {name: [] for name in CASES}
-    for r in range(args.repeats):
-        names = list(CASES)[r % 3:] + list(CASES)[:r % 3]
-        for name in names:
-            generator = plain.generator if CASES[name] is None else spec.generator
-            if CASES[name] is not None:
-                generator.policy = CASES[name](calibrated.cost)
-            runs[name].append(sweep(generator, prompts))
-        print(f"[{time.time() - started:5.0f} s] repeat {r}: " + json.dumps({n: runs[n][-1] for n in CASES}),
-              flush=True)
+    runs = rotated_runs(CASES, args.repeats, args.threads, CONCURRENCY, started)
     table = []
     for c in map(str, CONCURRENCY):
         row = {"concurrency": int(c)}
