@@ -958,3 +958,55 @@ def test_large_batches_verdicts_back_off_only_newcomers_of_large_batches():
     fail_and_end(small, [0, 1])
     assert small.describe()["newcomer_probes_backed_off"] == {"0": 8}  # four failures: one newcomer in 2^3
     assert small.describe()["large_batch_newcomers_backed_off"] == {}
+
+
+def cpu_like_cost() -> CostModel:
+    """Drafting pays alone (k drafts: 1.3 + 0.05 k plain steps at one row) but costs a 16-row verify every row's
+    k + 1 tokens (2 + 0.5 k plain-row units over a plain step of 2), as the built-in pair's steps do on a CPU."""
+    lens = tuple(range(K + 1))
+    one = [1.0 + (0.3 + 0.05 * k if k else 0.0) for k in lens]
+    sixteen = [2.0 + (2.0 + 0.5 * k if k else 0.0) for k in lens]
+    return CostModel((1, 16), lens, (128, 1024), [[one, sixteen], [one, sixteen]])
+
+
+def test_newcomers_that_make_a_small_batch_large_keep_the_drafter_context_only_where_the_large_batch_would_draft():
+    """A wave of 16 whose first request arrived alone a few steps before the rest (two admission calls, as the
+    served `make demo` showed): alone it probes and drafts (no margin), so the plain streak is short; the other 15
+    then join. Asked at 16 rows and the margin, the estimates say no draft length pays, so they join plain-only
+    instead of keeping the drafter's context on the small batch's streak (before: about 740 request-steps of the
+    wave kept it, offline). The first keeps its own; with 15 plain-only rows beside it the batch cannot draft. A
+    large batch's own short streak still keeps its newcomers' context, and the same arrival on a cost where 16 rows
+    draft keeps it too."""
+    policy = prepared(cpu_like_cost())
+    policy.admit([0], [100])
+    rng = random.Random(0)
+    for _ in range(3):  # alone: its probe, then its own drafting (accepting about 0.6 of each draft)
+        k = policy.choose(view([0]))
+        accepted = 0
+        while accepted < k and rng.random() < 0.6:
+            accepted += 1
+        policy.observe([0], k, [accepted])
+        assert k > 0
+    assert policy.plain_streak < PLAIN_ONLY_AFTER
+    policy.admit(list(range(1, 16)), [100] * 15)
+    wave = view(range(16))
+    assert pick_rate_ratio(policy, wave) < MIN_GAIN  # the estimates at 16 rows: no draft length pays by the margin
+    assert policy.drafts_for(wave) is False
+    mixed = BatchView(list(range(16)), 103, [125] + [127] * 15, K, (True,) + (False,) * 15)
+    assert policy.choose(mixed) == 0 and policy.keeps_context(mixed)[0] is True
+    for _ in range(3):  # the large batch's own choices: its streak is its own, and short
+        policy.observe(list(range(16)), policy.choose(mixed), [0] * 16, None)
+    policy.admit([15], [100])  # a newcomer replaces one of them
+    assert policy.streak_holds(view(range(16))) and policy.drafts_for(view(range(16))) is True
+    flat = prepared(linear_cost(plain=1.0, per_draft=0.01))  # a GPU-like verify: 16 rows draft too
+    flat.admit([0], [100])
+    for _ in range(3):
+        flat.observe([0], flat.choose(view([0])), [2])
+    flat.admit(list(range(1, 16)), [100] * 15)
+    assert flat.drafts_for(view(range(16))) is True
+
+
+def pick_rate_ratio(policy: CostBasedDraftLen, batch: BatchView) -> float:
+    """The best drafting length's expected tokens/s over the plain step's, from the policy's own estimates."""
+    rates = policy.expected_rates(batch)
+    return float(rates[1:].max() / rates[0])
