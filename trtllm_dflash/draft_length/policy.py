@@ -435,8 +435,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         margin and probes for every newcomer, which says nothing of whether the large one would draft. In the
         served `make demo` a one-wave point's first request was often admitted alone a few steps before the other
         15 (one admission call, then one for the rest); its probe broke the streak and the 15 kept the drafter's
-        context beside it, about 740 request-steps of a 2048-step wave, on a CPU where 16 rows never draft (offline
-        replica, 6 repeats: 0.94 of plain decoding's tokens/s against 1.00 with this rule)."""
+        context beside it, on a CPU where 16 rows of snippets never draft: 739 of the wave's 2032 request-steps
+        offline, 18 with this rule (benchmarks/lone_first.py; tokens/s moved within a one-wave point's spread)."""
         if self.plain_streak >= PLAIN_ONLY_AFTER:
             return False
         return self.small(batch) or not self.streak_small
