@@ -94,6 +94,28 @@ def summary(ratios: list[float]) -> dict:
     return {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "ratios": ratios}
 
 
+def compare(plain: list[dict], before: list[dict], now: list[dict]) -> dict:
+    """Each case's points of one kind, per repeat ({"tokens_per_s", "keeping_steps"}) -> both DFlash cases' tokens/s
+    over plain and now over before (median, range, per repeat), and their request-steps keeping the drafter's
+    context."""
+    row = {}
+    for name, points in (("before", before), ("now", now)):
+        row[f"{name} / plain"] = summary([a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(points, plain)])
+        row[f"{name} keeping steps"] = [point["keeping_steps"] for point in points]
+    row["now / before"] = summary([a["tokens_per_s"] / b["tokens_per_s"] for a, b in zip(now, before)])
+    return row
+
+
+def each_case(cases: dict, r: int, spec, plain, cost):
+    """-> (name, generator) in repeat r's order (rotating), each DFlash case's generator given a fresh policy of its
+    class on the shared cost model; cases: name -> policy class (None: plain decoding)."""
+    for name in list(cases)[r % len(cases):] + list(cases)[:r % len(cases)]:
+        generator = plain.generator if cases[name] is None else spec.generator
+        if cases[name] is not None:
+            generator.policy = cases[name](cost)
+        yield name, generator
+
+
 def rotated_runs(cases: dict, repeats: int, threads: int, concurrency: tuple[int, ...], started: float) -> dict:
     """cases: name -> policy class (None: plain decoding) -> name -> per repeat one sweep's points, the cases'
     order rotating per repeat, the policies sharing one calibration (newcomer_backoff's offline pair)."""
@@ -101,10 +123,7 @@ def rotated_runs(cases: dict, repeats: int, threads: int, concurrency: tuple[int
     prompts = demo_prompts(spec.tokenizer)
     runs = {name: [] for name in cases}
     for r in range(repeats):
-        for name in list(cases)[r % len(cases):] + list(cases)[:r % len(cases)]:
-            generator = plain.generator if cases[name] is None else spec.generator
-            if cases[name] is not None:
-                generator.policy = cases[name](calibrated.cost)
+        for name, generator in each_case(cases, r, spec, plain, calibrated.cost):
             runs[name].append(sweep(generator, prompts, concurrency))
         print(f"[{time.time() - started:5.0f} s] repeat {r}: " + json.dumps({n: runs[n][-1] for n in cases}),
               flush=True)
@@ -121,13 +140,8 @@ def main() -> None:
     runs = rotated_runs(CASES, args.repeats, args.threads, CONCURRENCY, started)
     table = []
     for c in map(str, CONCURRENCY):
-        row = {"concurrency": int(c)}
-        for name in ("before", "now"):
-            row[f"{name} / plain"] = summary([a[c]["tokens_per_s"] / b[c]["tokens_per_s"]
-                                              for a, b in zip(runs[name], runs["plain"])])
-            row[f"{name} keeping steps"] = [run[c]["keeping_steps"] for run in runs[name]]
-        row["now / before"] = summary([a[c]["tokens_per_s"] / b[c]["tokens_per_s"]
-                                       for a, b in zip(runs["now"], runs["before"])])
+        points = ([run[c] for run in runs[name]] for name in ("plain", "before", "now"))
+        row = {"concurrency": int(c)} | compare(*points)
         table.append(row)
         print(f"c={c}: " + ", ".join(f"{k} {row[k]['median']:.3f} ({row[k]['min']:.3f}-{row[k]['max']:.3f})"
                                      for k in ("before / plain", "now / plain", "now / before")))

@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from cpu_decode import run_record  # noqa: E402
-from demo_waves import MEASURED, NEW_TOKENS, WARMUP_PER_LOAD, closed_loop, demo_prompts, summary  # noqa: E402
+from demo_waves import (MEASURED, NEW_TOKENS, WARMUP_PER_LOAD, closed_loop, compare, demo_prompts,  # noqa: E402
+                        each_case)
 from newcomer_backoff import capacity, offline_pairs  # noqa: E402
 
 from trtllm_dflash.draft_length.policy import PLAIN_ONLY_AFTER, CostBasedDraftLen  # noqa: E402
@@ -87,22 +88,13 @@ def main() -> None:
     runs = {str(lead): {name: [] for name in CASES} for lead in leads}
     for r in range(args.repeats):
         for lead in leads:
-            for name in list(CASES)[r % len(CASES):] + list(CASES)[:r % len(CASES)]:
-                generator = plain.generator if CASES[name] is None else spec.generator
-                if CASES[name] is not None:
-                    generator.policy = CASES[name](calibrated.cost)
+            for name, generator in each_case(CASES, r, spec, plain, calibrated.cost):
                 runs[str(lead)][name].append(point(generator, prompts, lead))
         print(f"[{time.time() - started:5.0f} s] repeat {r}: "
               + json.dumps({lead: {n: v[-1] for n, v in cases.items()} for lead, cases in runs.items()}), flush=True)
     table = []
     for lead, cases in runs.items():
-        row = {"lead": int(lead)}
-        for name in ("before", "now"):
-            row[f"{name} / plain"] = summary([a["tokens_per_s"] / b["tokens_per_s"]
-                                              for a, b in zip(cases[name], cases["plain"])])
-            row[f"{name} keeping steps"] = [run["keeping_steps"] for run in cases[name]]
-        row["now / before"] = summary([a["tokens_per_s"] / b["tokens_per_s"]
-                                       for a, b in zip(cases["now"], cases["before"])])
+        row = {"lead": int(lead)} | compare(cases["plain"], cases["before"], cases["now"])
         table.append(row)
         print(f"lead {lead}: " + ", ".join(f"{k} {row[k]['median']:.3f} ({row[k]['min']:.3f}-{row[k]['max']:.3f})"
                                            for k in ("before / plain", "now / plain", "now / before"))
