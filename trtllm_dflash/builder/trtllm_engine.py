@@ -16,6 +16,7 @@ with absolute paths where it runs: options_at.
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def options_at(engine_dir: Path, options: dict) -> dict:
     speculative = out.get("speculative_config") or {}
     model = speculative.get("speculative_model")
     if isinstance(model, str) and not Path(model).is_absolute():
-        speculative["speculative_model"] = str(Path(engine_dir).absolute() / model)
+        speculative["speculative_model"] = os.path.join(os.path.abspath(engine_dir), model)  # no symlink resolved
     return out
 
 

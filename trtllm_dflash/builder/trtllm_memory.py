@@ -151,20 +151,22 @@ def kv_bytes_per_token(m: MemoryInputs) -> int:
 def plan_memory(m: MemoryInputs) -> MemoryPlan:
     """Raise when the weights, or an arena TensorRT-LLM would refuse, do not fit the budget; -> the plan."""
     weights, total = math.ceil(m.weight_bytes / m.tp), int(m.budget_gib * GIB)
+    if weights + OVERHEAD >= total:
+        raise DFlashError(f"weights {weights / GIB:.2f} GiB + {OVERHEAD // GIB} GiB runtime overhead per GPU exceed "
+                          f"the {m.budget_gib:g} GiB budget: raise --tp, quantize (--quant), or set --gpu-memory-gib")
     checked = ctx_arena_bytes(m, m.attention_backend in m.rules.paged)  # the fallback, when managed
     arena = 0 if m.managed else checked
     capture = m.max_num_tokens * m.hidden_size * m.num_capture_layers * m.itemsize
+    fraction = m.fraction if m.fraction is not None else pool_first_fraction(m, checked, total, weights)
+    budget = arena_budget_bytes(total, weights, fraction, m.arena_first)
+    warning = check_arena(m, checked, budget)
     free = total - weights - OVERHEAD - capture - (arena if m.arena_first else 0)
     if free <= 0 or weights + OVERHEAD + arena + capture > total:
         raise DFlashError(f"weights {weights / GIB:.2f} GiB + DFlash context arena {arena / GIB:.2f} GiB + capture "
                           f"buffer {capture / GIB:.2f} GiB + {OVERHEAD // GIB} GiB runtime overhead per GPU exceed the "
                           f"{m.budget_gib:g} GiB budget: lower --max-seq-len or --max-batch-size, raise --tp, or set "
                           "--gpu-memory-gib")
-    fraction = m.fraction if m.fraction is not None else pool_first_fraction(m, checked, total, weights)
-    budget = arena_budget_bytes(total, weights, fraction, m.arena_first)
-    warning = check_arena(m, checked, budget)
-    pool = int(fraction * free)
-    per_token = kv_bytes_per_token(m)
+    pool, per_token = int(fraction * free), kv_bytes_per_token(m)
     return MemoryPlan(weights, arena, budget, placement(m), capture, per_token, total, fraction, pool,
                       pool // per_token, warning)
 
