@@ -23,12 +23,12 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-import torch
-
+from ..checkpoint import tensor_specs, weight_files
 from ..config import DrafterConfig
 from ..drafter_checkpoint import DrafterCheckpoint, write_drafter
 from ..errors import DFlashError
 from ..loading import DTYPES
+from .trtllm_memory import FLOAT_DTYPES
 
 
 def trtllm_drafter_config(drafter: DrafterConfig, base: dict, dtype: str) -> dict:
@@ -45,18 +45,29 @@ def trtllm_drafter_config(drafter: DrafterConfig, base: dict, dtype: str) -> dic
     return out
 
 
-def drafter_in_dtype(tensors: dict[str, torch.Tensor], dtype: str, source: Path) -> dict[str, torch.Tensor]:
-    """Every tensor cast to `dtype`; one line naming the first tensor that is not floating point."""
-    for name, tensor in tensors.items():
-        if not tensor.is_floating_point() or tensor.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-            raise DFlashError(f"drafter tensor '{name}' in {source} is {str(tensor.dtype).removeprefix('torch.')}: "
-                              f"a trtllm engine's drafter is stored in the build dtype ({dtype}); give an "
-                              "unquantized drafter")
-    return {name: tensor.to(DTYPES[dtype]) for name, tensor in tensors.items()}
+def dropped_tensors(checkpoint: DrafterCheckpoint) -> tuple[str, ...]:
+    """Tensors of the input drafter the engine's copy leaves out: a speculators file's copies of its verifier's
+    embedding and head (DrafterCheckpoint.tensors)."""
+    if checkpoint.format != "speculators":
+        return ()
+    from ..speculators_format import VERIFIER_OWNED
+
+    return VERIFIER_OWNED
+
+
+def check_drafter_dtypes(checkpoint: DrafterCheckpoint, dtype: str) -> None:
+    """Before anything is written: one line naming the first drafter tensor that is not floating point (read from
+    the safetensors headers)."""
+    for path in weight_files(checkpoint.path):
+        for name, (stored, _) in tensor_specs(path).items():
+            if stored not in FLOAT_DTYPES and name not in dropped_tensors(checkpoint):
+                raise DFlashError(f"drafter tensor '{name}' in {path} is {stored}: a trtllm engine's drafter is stored "
+                                  f"in the build dtype ({dtype}); give an unquantized drafter")
 
 
 def write_trtllm_drafter(checkpoint: DrafterCheckpoint, dst: Path, dtype: str) -> None:
     """The drafter in z-lab's layout, which TensorRT-LLM reads, whatever the input's format: its own tensors (a
-    speculators file's verifier copies left out) in `dtype`, and the config stating what TensorRT-LLM reads."""
-    tensors = drafter_in_dtype(checkpoint.tensors(), dtype, checkpoint.path)
+    speculators file's verifier copies left out) cast to `dtype` (check_drafter_dtypes ran first), and the config
+    stating what TensorRT-LLM reads."""
+    tensors = {name: tensor.to(DTYPES[dtype]) for name, tensor in checkpoint.tensors().items()}
     write_drafter(dst, trtllm_drafter_config(checkpoint.config, checkpoint.layout, dtype), tensors)

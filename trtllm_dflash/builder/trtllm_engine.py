@@ -27,7 +27,7 @@ from ..draft_len_schedule import read_schedule
 from ..errors import DFlashError
 from ..loading import DTYPES
 from .builder import BuildPlan, copy_tokenizer
-from .trtllm_drafter import write_trtllm_drafter
+from .trtllm_drafter import check_drafter_dtypes, dropped_tensors, write_trtllm_drafter
 from .trtllm_fields import check_options
 from .trtllm_memory import MemoryInputs, checkpoint_bytes, context_rules, plan_memory
 from .trtllm_options import (KV_CACHE_DTYPES, attention_backend, check_cross_fields, check_pass_through,
@@ -73,6 +73,7 @@ def trtllm_options(plan: BuildPlan, table: FieldTable) -> tuple[dict, dict]:
     spec, target, user = plan.spec, plan.target, plan.spec.llm_options
     max_draft_len = draft_len(plan)
     check_pass_through(user)
+    check_drafter_dtypes(plan.drafter_checkpoint, spec.dtype)
     skip = (user.get("speculative_config") or {}).get("skip_ctx_buffer_budget_check") is True
     warnings = [check_token_budget(spec.max_batch_size, max_draft_len, spec.max_num_tokens, skip)]
     schedule = read_schedule(spec.draft_len_schedule) if spec.draft_len_schedule else None
@@ -169,7 +170,7 @@ def memory_inputs(plan: BuildPlan, backend: str, table: FieldTable, skip: bool) 
     spec, target, drafter = plan.spec, plan.target, plan.drafter
     itemsize = DTYPES[spec.dtype].itemsize  # the drafter is stored in it too (trtllm_drafter.py)
     weights = (checkpoint_bytes(plan.target_dir, itemsize, QUANT_ITEMSIZE[spec.quant])
-               + checkpoint_bytes(plan.drafter_dir, itemsize, exclude=drafter_copies_dropped(plan)))
+               + checkpoint_bytes(plan.drafter_dir, itemsize, exclude=dropped_tensors(plan.drafter_checkpoint)))
     user_fraction = (spec.llm_options.get("kv_cache_config") or {}).get("free_gpu_memory_fraction")
     return MemoryInputs(
         tp=spec.tp, max_batch_size=spec.max_batch_size, max_seq_len=plan.max_seq_len,
@@ -181,15 +182,6 @@ def memory_inputs(plan: BuildPlan, backend: str, table: FieldTable, skip: bool) 
         drafter_head_dim=drafter.head_dim, drafter_max_positions=drafter.max_position_embeddings, itemsize=itemsize,
         drafter_itemsize=itemsize, budget_gib=spec.gpu_memory_gib, rules=context_rules(table.version),
         arena_first=kv_cache_estimation_runs(spec.llm_options), fraction=user_fraction, skip_budget_check=skip)
-
-
-def drafter_copies_dropped(plan: BuildPlan) -> tuple[str, ...]:
-    """Tensors of the input drafter that the engine's copy leaves out (DrafterCheckpoint.tensors)."""
-    if plan.drafter_checkpoint.format != "speculators":
-        return ()
-    from ..speculators_format import VERIFIER_OWNED
-
-    return VERIFIER_OWNED
 
 
 def blackwell_warning(spec, sm: int | None) -> str:

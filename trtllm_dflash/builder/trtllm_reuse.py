@@ -8,8 +8,9 @@ the drafter fed.
   the reused part of a cache hit at floor_block(prompt_len - tail) tokens, so at least `tail` prompt tokens run
   through the target forward and reach the drafter; 0 means no cap, a negative tail a full re-prefill
   (tests/unittest/_torch/executor/kv_cache/test_spec_recompute_tail.py@bcb51f08). There the V1 KV-cache manager
-  rewinds instead of capping, and only with enable_chunked_prefill and no sliding-window layer (TestV1WindowedLayerGate):
-  so `--prefix-reuse TAIL` turns chunked prefill on too, and warns for a sliding-window target.
+  rewinds instead of capping, and only with enable_chunked_prefill and no sliding-window layer
+  (TestV1WindowedLayerGate): so `--prefix-reuse TAIL` turns chunked prefill on too, and warns for a sliding-window
+  target.
 """
 
 from __future__ import annotations

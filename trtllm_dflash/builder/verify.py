@@ -71,7 +71,8 @@ def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
     options = yaml.safe_load((engine_dir / OPTIONS).read_text())
     warnings = check_options(options, table)
     lines += [f"pair: configs valid and matched; drafter in the published DFlash layout, all {len(tensors)} tensors "
-              f"{manifest.dtype}", f"options: {OPTIONS} matches the {table.label}", *(f"warning: {w}" for w in warnings)]
+              f"{manifest.dtype}", f"options: {OPTIONS} matches the {table.label}",
+              *(f"warning: {w}" for w in warnings)]
     return lines + [parse_with_tensorrt_llm(engine_dir, options)]
 
 
