@@ -108,6 +108,9 @@ def test_prefix_reuse_recomputes_the_drafters_tail_where_the_release_can(qwen3_p
     err = build_one_line_error(capsys, *args, "--output", tmp_path / "x", "--prefix-reuse", 64, "--llm-option",
                                "kv_cache_config.enable_block_reuse=false")
     assert "'kv_cache_config.enable_block_reuse' is set by the build (--prefix-reuse)" in err
+    assert build(*args, "--output", tmp_path / "by-hand", "--llm-option", "kv_cache_config.enable_block_reuse=true",
+                 "--llm-option", "speculative_config.context_recompute_tail=64") == 0
+    assert "context_recompute_tail without enable_chunked_prefill" in capsys.readouterr().err
     err = build_one_line_error(capsys, *args, "--output", tmp_path / "x", "--prefix-reuse", 0)
     assert "'prefix_reuse' must be a positive number of prompt tokens to recompute, got 0" in err
     assert not (tmp_path / "x").exists()
@@ -164,3 +167,41 @@ def test_options_for_any_working_directory(qwen3_pair, tmp_path, monkeypatch, ca
     assert build_main(["options", str(engine)]) == 0  # to standard output
     assert yaml.safe_load(capsys.readouterr().out) == written
     assert build_main(["verify", str(engine)]) == 0  # the engine itself is unchanged
+
+
+def test_verify_rechecks_the_options_against_the_recorded_table(qwen3_pair, tmp_path, capsys):
+    target, drafter = qwen3_pair
+    engine = tmp_path / "e"
+    assert build("--target", target, "--drafter", drafter, "--output", engine, "--backend", "trtllm",
+                 "--llm-option", "speculative_config.context_recompute_tail=16") == 0
+    manifest = json.loads((engine / "manifest.json").read_text())
+
+    def verify_with(record) -> str:
+        manifest["backend_details"]["tensorrt_llm"] = record
+        (engine / "manifest.json").write_text(json.dumps(manifest))
+        capsys.readouterr()
+        build_main(["verify", str(engine)])
+        return capsys.readouterr().out
+
+    recorded = dict(manifest["backend_details"]["tensorrt_llm"])
+    assert "options: llm_options.yaml matches the TensorRT-LLM 1.4.0rc4 field table" in verify_with(recorded)
+    assert "the TensorRT-LLM 1.4.0rc4 field table changed since the build" in verify_with(
+        {**recorded, "table_sha256": "0" * 64})
+    out = verify_with({**recorded, "version": "1.3.0rc27"})  # an option that release lacks: the engine is broken
+    assert "FAIL TensorRT-LLM option 'speculative_config.context_recompute_tail' is not a field" in out
+    assert "engine BROKEN" in out
+    assert "whose field table this tool does not have" in verify_with({**recorded, "version": "../../x"})
+
+
+def test_verify_names_a_drafter_tensor_not_in_the_engine_dtype(qwen3_pair, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    target, drafter = qwen3_pair
+    engine = tmp_path / "e"
+    assert build("--target", target, "--drafter", drafter, "--output", engine, "--backend", "trtllm") == 0
+    tensors = load_file(str(engine / "drafter" / "model.safetensors"))
+    save_file({**tensors, "norm.weight": tensors["norm.weight"].float()}, str(engine / "drafter" / "model.safetensors"))
+    capsys.readouterr()
+    assert build_main(["verify", str(engine)]) == 1
+    out = capsys.readouterr().out
+    assert "drafter tensor 'norm.weight'" in out and "is float32, not the engine's dtype bfloat16" in out

@@ -57,6 +57,9 @@ def reuse_warning(options: dict, windowed: bool) -> str:
                 "TAIL (TensorRT-LLM >= 1.4.0rc1) recomputes the drafter's context for the last TAIL prompt tokens")
     if tail and not reuse:
         return "speculative_config.context_recompute_tail has no effect: kv_cache_config.enable_block_reuse is off"
+    if reuse and not options.get("enable_chunked_prefill"):
+        return ("context_recompute_tail without enable_chunked_prefill: TensorRT-LLM's V1 KV-cache manager then drops "
+                "the tail, so reused prefixes may starve the drafter (--prefix-reuse sets both)")
     if reuse and windowed:
         return ("the target has sliding-window layers: TensorRT-LLM's V1 KV-cache manager then drops "
                 "context_recompute_tail (only the V2 manager caps a cache hit for them), so reused prefixes may "
