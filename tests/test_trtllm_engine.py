@@ -1,7 +1,9 @@
-"""`trtllm` engines: what TensorRT-LLM's DFlash reads, the seeds' target families, the options and memory plan.
+"""`trtllm` engines: what TensorRT-LLM's DFlash reads, the seeds' target families, the options, a moved engine.
 
-Facts checked here come from NVIDIA/TensorRT-LLM@58ae162a (cited where the code encodes them). TensorRT-LLM
-itself cannot run here: the engines are checked against its field table and rules, not served by it.
+Facts checked here come from NVIDIA/TensorRT-LLM's sources and API reference (cited where the code encodes them).
+TensorRT-LLM itself cannot run here: the engines are checked against its field table and rules, not served by it.
+The memory plan: test_trtllm_memory.py; the token budget, releases, prefix reuse, drafter dtype:
+test_trtllm_build_checks.py.
 """
 
 import hashlib
@@ -266,86 +268,14 @@ def test_trtllm_yaml_settings_are_type_checked(setting, needle):
         BuildSpec(target="t", drafter="d", output="o", backend="trtllm", **setting)
 
 
-# ---- the memory plan: Qwen3-8B and its published DFlash drafter (configs only) ------------------------------
+# ---- prefix reuse on a sliding-window target -----------------------------------------------------------
 
-QWEN3_8B = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 151936, "hidden_size": 4096,
-            "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32,
-            "num_key_value_heads": 8, "head_dim": 128, "max_position_embeddings": 40960}
-QWEN3_8B_DRAFTER = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3", "hidden_size": 4096,
-                    "intermediate_size": 12288, "num_hidden_layers": 5, "num_attention_heads": 32,
-                    "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-                    "vocab_size": 151936, "max_position_embeddings": 40960, "block_size": 16,
-                    "num_target_layers": 36,
-                    "dflash_config": {"mask_token_id": 151669, "target_layer_ids": [1, 9, 17, 25, 33]}}
-GIB = 2 ** 30
-
-
-def qwen3_8b_inputs(max_seq_len, **kw):
-    from trtllm_dflash.builder.trtllm_memory import MemoryInputs
-    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
-    from trtllm_dflash.config import DrafterConfig
-
-    target = TrtllmTarget.from_dict(QWEN3_8B, "Qwen3-8B")
-    drafter = DrafterConfig.from_dict(QWEN3_8B_DRAFTER, "Qwen3-8B-DFlash-b16")
-    # parameters by hand: per target layer q,o 4096x4096, k,v 4096x1024, q/k norms 128, MLP 3x4096x12288, 2 norms;
-    # embeddings and (untied) lm_head 151936x4096, final norm. Drafter: 5 such layers, fc 20480->4096, 2 norms.
-    layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 2 * 128 + 3 * 4096 * 12288 + 2 * 4096
-    target_params = 36 * layer + 2 * 151936 * 4096 + 4096
-    drafter_params = 5 * layer + 5 * 4096 * 4096 + 2 * 4096
-    assert (target_params, drafter_params) == (8_190_735_360, 1_048_626_432)
-    args = dict(tp=1, max_batch_size=64, max_seq_len=max_seq_len, max_num_tokens=8192, max_draft_len=15,
-                attention_backend="VANILLA", weight_bytes=2 * (target_params + drafter_params),
-                target_kv_layers=target.kv_layers, target_kv_heads=target.num_key_value_heads,
-                target_head_dim=target.head_dim, kv_itemsize=2, hidden_size=target.hidden_size,
-                num_capture_layers=len(drafter.target_layer_ids), drafter_layers=drafter.num_hidden_layers,
-                drafter_kv_heads=drafter.num_key_value_heads, drafter_head_dim=drafter.head_dim,
-                drafter_max_positions=drafter.max_position_embeddings, itemsize=2, budget_gib=80)
-    return MemoryInputs(**{**args, **kw})
-
-
-def test_memory_plan_equals_the_hand_computation_for_qwen3_8b():
-    from trtllm_dflash.builder.trtllm_memory import plan_memory
-
-    plan = plan_memory(qwen3_8b_inputs(8192))
-    weights = 2 * (8_190_735_360 + 1_048_626_432)                # 18 478 723 584 B, 17.21 GiB
-    arena = (64 + 1) * 5 * (8192 + 15 + 1) * 2 * 8 * 128 * 2      # slots x layers x capacity x K,V x heads x dim x bf16
-    capture = 8192 * 4096 * 5 * 2                                 # max_num_tokens x hidden x 5 captured layers x bf16
-    free = 80 * GIB - weights
-    fraction = int((0.85 - (arena + capture) / free) * 100) / 100  # the pool leaves room for what comes after it
-    assert (plan.weights, plan.arena, plan.capture, plan.budget) == (weights, arena, capture, 80 * GIB)
-    assert arena == 10_926_489_600 and fraction == 0.68 and plan.fraction == fraction
-    assert plan.kv_bytes_per_token == 36 * 2 * 8 * 128 * 2 == 147_456
-    assert plan.kv_pool == int(0.68 * free) and plan.kv_tokens == int(0.68 * free) // 147_456
-    paged = plan_memory(qwen3_8b_inputs(8192, attention_backend="TRTLLM")).arena
-    assert paged == 65 * 5 * 8224 * 2 * 8 * 128 * 2  # 8208 tokens rounded up to 32-token pages
-    assert plan_memory(qwen3_8b_inputs(8192, tp=8)).arena == arena // 8  # 1 KV head per rank
-
-
-def test_memory_plan_refuses_what_cannot_fit():
-    from trtllm_dflash.builder.trtllm_memory import plan_memory
-    from trtllm_dflash.errors import DFlashError
-
-    # the old default max_seq_len = max_position_embeddings 40960: a 50.8 GiB arena at batch 64
-    with pytest.raises(DFlashError, match=r"DFlash context arena \(50.80 GiB per GPU.*leaves less than 10%"):
-        plan_memory(qwen3_8b_inputs(40960))
-    with pytest.raises(DFlashError, match=r"exceed the 40 GiB budget"):
-        plan_memory(qwen3_8b_inputs(40960, budget_gib=40))
-    plan = plan_memory(qwen3_8b_inputs(8192, fraction=0.9))
-    assert plan.fraction == 0.9 and "expect out-of-memory at the first request" in plan.warning
-
-
-def test_checkpoint_bytes_match_the_model_parameters(tmp_path):
-    """Weights are counted from the safetensors headers: the same as transformers' parameter count."""
-    from trtllm_dflash.builder.trtllm_memory import checkpoint_bytes
-
-    model = make_hf_target(tmp_path / "t", "qwen3")
-    params = sum(p.numel() for p in model.parameters())
-    assert checkpoint_bytes(tmp_path / "t", 2) == 2 * params
-    linear = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n
-                 and "lm_head" not in n)
-    assert checkpoint_bytes(tmp_path / "t", 2, 1.0) == 2 * params - linear  # fp8 linear weights: 1 byte
-    head = model.lm_head.weight.numel()
-    assert checkpoint_bytes(tmp_path / "t", 2, exclude=("lm_head.weight",)) == 2 * (params - head)
+def test_prefix_reuse_on_a_sliding_window_target_warns(tmp_path, capsys, drafter):
+    target = family_target(tmp_path, "gpt_oss")
+    capsys.readouterr()
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "e", "--backend", "trtllm",
+                 "--gpu", "b200", "--prefix-reuse", 32) == 0
+    assert "the target has sliding-window layers" in capsys.readouterr().err
 
 
 # ---- serving a moved engine ----------------------------------------------------------------------------------

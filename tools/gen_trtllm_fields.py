@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
-"""Regenerate trtllm_dflash/builder/trtllm_fields.json from TensorRT-LLM's tensorrt_llm/llmapi/llm_args.py.
+"""Write a TensorRT-LLM field table (trtllm_dflash/builder/trtllm_tables/VERSION.json), one per upstream version.
 
-tensorrt_llm cannot be imported without its GPU libraries, so the pydantic classes are read with `ast`:
-every class reachable from TorchLlmArgs through its field annotations, with its fields (inherited ones
-included), their annotation as written, default, constraints (ge/gt/le/lt/min_length), status
-(prototype/beta/deprecated), aliases, and whether a mode='before'/'plain' validator coerces the input
-first; enums with their members; type aliases (discriminated unions with their discriminator).
+generate: from TensorRT-LLM's tensorrt_llm/llmapi/llm_args.py. tensorrt_llm cannot be imported without its GPU
+libraries, so the pydantic classes are read with `ast`: every class reachable from TorchLlmArgs through its field
+annotations, with its fields (inherited ones included), their annotation as written, default, constraints
+(ge/gt/le/lt/min_length), status (prototype/beta/deprecated), aliases, and whether a mode='before'/'plain'
+validator coerces the input first; enums with their members; type aliases (discriminated unions with their
+discriminator).
 
-    python tools/gen_trtllm_fields.py TENSORRT_LLM_CHECKOUT --commit SHA [--output PATH]
+    python tools/gen_trtllm_fields.py generate TENSORRT_LLM_CHECKOUT --commit SHA --version V [--output PATH]
 
-TENSORRT_LLM_CHECKOUT is a checkout (or the llm_args.py file itself); --commit names the version it holds
-and is recorded next to the sha256 of the file read. Only standard-library modules are used.
+derive: a version whose llm_args.py is not at hand, from an existing table plus a changes file
+(tools/trtllm_changes/V.json: the fields that version's API reference adds or changes, with the pages read).
+The output records the base table's sha256 and the changes file, so tests re-derive it and compare.
 
-The committed table was not generated from a checkout (NVIDIA/TensorRT-LLM is over this environment's fetch
-limit) but from a hand transcript of the declarations at the pinned commit; it was then checked field by field
-against the stored upstream file at that commit. Its `source.provenance` says so, and its `source.sha256` is
-null because no upstream file was hashed. Run this tool on a real checkout to replace both.
+    python tools/gen_trtllm_fields.py derive tools/trtllm_changes/V.json [--output PATH]
+
+Only standard-library modules are used. The 1.3.0rc27 table was not generated from a checkout (NVIDIA/TensorRT-LLM
+is over this environment's fetch limit) but from a hand transcript of the declarations at its commit, then checked
+field by field against the stored upstream file; its `source.provenance` says so, and its `source.sha256` is null
+because no upstream file was hashed. Run `generate` on a real checkout to replace both.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from pathlib import Path
 
 LLM_ARGS = "tensorrt_llm/llmapi/llm_args.py"
 ROOT = "TorchLlmArgs"
-DEFAULT_OUTPUT = Path(__file__).resolve().parent.parent / "trtllm_dflash" / "builder" / "trtllm_fields.json"
+TABLES = Path(__file__).resolve().parent.parent / "trtllm_dflash" / "builder" / "trtllm_tables"
 ENUM_BASES = {"Enum", "StrEnum", "IntEnum"}
 CONSTRAINTS = ("ge", "gt", "le", "lt", "min_length", "max_length")
 COERCING_MODES = {"before", "plain", "wrap"}
@@ -190,32 +194,67 @@ def build_table(source: str) -> dict:
             "aliases": dict(sorted(out_aliases.items())), "removed_args": sorted(removed)}
 
 
-def generate(llm_args: Path, commit: str) -> dict:
+def generate(llm_args: Path, commit: str, version: str) -> dict:
     data = llm_args.read_bytes()
     table = build_table(data.decode())
-    return {"source": {"repo": "NVIDIA/TensorRT-LLM", "commit": commit, "file": LLM_ARGS,
+    return {"source": {"repo": "NVIDIA/TensorRT-LLM", "version": version, "commit": commit, "file": LLM_ARGS,
                        "sha256": hashlib.sha256(data).hexdigest(),
                        "generated_by": "tools/gen_trtllm_fields.py"}, **table}
+
+
+def derive(base_path: Path, changes_path: Path) -> dict:
+    """`base_path`'s table with the fields in `changes_path` added or replaced (class by class)."""
+    base, changes = json.loads(base_path.read_text()), json.loads(changes_path.read_text())
+    table = {k: v for k, v in base.items() if k != "source"}
+    table = json.loads(json.dumps(table))  # a deep copy
+    for cls, fields in changes["fields"].items():
+        if cls not in table["classes"]:
+            raise ValueError(f"{changes_path}: class {cls} is not in the {changes['base']} table")
+        table["classes"][cls]["fields"].update(fields)
+    source = {"repo": "NVIDIA/TensorRT-LLM", "version": changes["version"],
+              "derived_from": {"version": changes["base"], "sha256": sha256_file(base_path)},
+              "changes": {"file": f"tools/trtllm_changes/{changes_path.name}", "sha256": sha256_file(changes_path)},
+              "references": changes["references"], "note": changes["note"],
+              "generated_by": "tools/gen_trtllm_fields.py derive"}
+    return {"source": source, **table}
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def render(table: dict) -> str:
     return json.dumps(table, indent=1) + "\n"
 
 
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="from a TensorRT-LLM checkout's llm_args.py")
+    g.add_argument("checkout", type=Path, help="a TensorRT-LLM checkout, or its llm_args.py")
+    g.add_argument("--commit", required=True, help="the commit (or tag) the checkout holds")
+    g.add_argument("--version", required=True, help="the TensorRT-LLM release it is (e.g. 1.4.0rc4)")
+    g.add_argument("--output", type=Path, help="default: trtllm_tables/VERSION.json")
+    d = sub.add_parser("derive", help="from an existing table and a changes file")
+    d.add_argument("changes", type=Path, help="tools/trtllm_changes/VERSION.json")
+    d.add_argument("--output", type=Path, help="default: trtllm_tables/VERSION.json")
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("checkout", type=Path, help="a TensorRT-LLM checkout, or its llm_args.py")
-    p.add_argument("--commit", required=True, help="the commit (or tag) the checkout holds")
-    p.add_argument("--output", type=Path, default=DEFAULT_OUTPUT)
-    args = p.parse_args(argv)
-    path = args.checkout / LLM_ARGS if args.checkout.is_dir() else args.checkout
-    if not path.is_file():
-        print(f"gen_trtllm_fields: no {LLM_ARGS} under {args.checkout}", file=sys.stderr)
-        return 2
-    table = generate(path, args.commit)
-    args.output.write_text(render(table))
-    print(f"wrote {args.output}: {len(table['classes'])} classes, {len(table['enums'])} enums, "
-          f"{len(table['aliases'])} aliases from {path} @ {args.commit}")
+    args = parser().parse_args(argv)
+    if args.command == "derive":
+        table = derive(TABLES / f"{json.loads(args.changes.read_text())['base']}.json", args.changes)
+    else:
+        path = args.checkout / LLM_ARGS if args.checkout.is_dir() else args.checkout
+        if not path.is_file():
+            print(f"gen_trtllm_fields: no {LLM_ARGS} under {args.checkout}", file=sys.stderr)
+            return 2
+        table = generate(path, args.commit, args.version)
+    output = args.output or TABLES / f"{table['source']['version']}.json"
+    output.write_text(render(table))
+    print(f"wrote {output}: {len(table['classes'])} classes, {len(table['enums'])} enums, "
+          f"{len(table['aliases'])} aliases, TensorRT-LLM {table['source']['version']}")
     return 0
 
 

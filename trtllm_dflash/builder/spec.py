@@ -14,7 +14,8 @@ QUANTS = ("none", "fp8", "nvfp4")
 # settings only a trtllm build reads, with their defaults (a torch build refuses them rather than ignore them)
 TRTLLM_ONLY = {"gpu": None, "gpu_memory_gib": 80.0, "dflash_attention_backend": None, "moe_backend": None,
                "kv_cache_dtype": "auto", "draft_len_schedule": None, "rejection_sampling": False,
-               "chunked_prefill": False, "cuda_graph_batch_sizes": None, "llm_options": {}}
+               "chunked_prefill": False, "cuda_graph_batch_sizes": None, "llm_options": {}, "trtllm_version": None,
+               "prefix_reuse": None}
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class BuildSpec:
     chunked_prefill: bool = False
     cuda_graph_batch_sizes: list[int] | None = None
     llm_options: dict = field(default_factory=dict)  # any other TensorRT-LLM option, checked against its table
+    trtllm_version: str | None = None  # the TensorRT-LLM release served on; picks the field table (default: newest)
+    prefix_reuse: int | None = None  # KV block reuse, recomputing this many prompt tokens for the drafter (>= 1.4)
 
     def __post_init__(self):
         for name in ("target", "drafter", "output"):
@@ -69,19 +72,28 @@ class BuildSpec:
             if changed:
                 raise DFlashError(f"build spec: '{changed[0]}' is only used with backend 'trtllm'")
 
-    def _check_trtllm(self) -> None:
-        from .trtllm_fields import fields_of
-        from .trtllm_options import ATTENTION_BACKENDS, GPU_SM, KV_CACHE_DTYPES, check_pass_through
+    @property
+    def trtllm_table(self):
+        """The field table of the TensorRT-LLM release this engine is built for (trtllm_tables.py)."""
+        from .trtllm_tables import table_for
 
+        return table_for(self.trtllm_version)
+
+    def _check_trtllm(self) -> None:
+        from .trtllm_fields import literal_choices
+        from .trtllm_options import ATTENTION_BACKENDS, GPU_SM, KV_CACHE_DTYPES, check_pass_through
+        from .trtllm_reuse import check_prefix_reuse
+
+        if self.trtllm_version is not None and (not isinstance(self.trtllm_version, str) or not self.trtllm_version):
+            raise DFlashError(f"build spec: 'trtllm_version' must be a version string, got {self.trtllm_version!r}")
+        table = self.trtllm_table
         if self.gpu is not None:
             _choice("gpu", self.gpu, tuple(GPU_SM))
         if self.dflash_attention_backend is not None:
             _choice("dflash_attention_backend", self.dflash_attention_backend, ATTENTION_BACKENDS)
         if self.moe_backend is not None:
-            import ast
-
-            literal = ast.parse(fields_of("MoeConfig")["backend"]["type"], mode="eval").body.slice
-            _choice("moe_backend", self.moe_backend, tuple(ast.literal_eval(e) for e in literal.elts))
+            _choice("moe_backend", self.moe_backend, literal_choices(table, "MoeConfig", "backend"))
+        check_prefix_reuse(self.prefix_reuse, table)
         _choice("kv_cache_dtype", self.kv_cache_dtype, tuple(KV_CACHE_DTYPES))
         for name in ("rejection_sampling", "chunked_prefill"):  # YAML `"no"` is a string, not false
             if not isinstance(getattr(self, name), bool):

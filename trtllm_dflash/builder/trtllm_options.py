@@ -9,8 +9,9 @@ Choices and their sources (NVIDIA/TensorRT-LLM@58ae162a unless named otherwise):
   image may lack, so it is never chosen for you: --dflash-attention-backend FA4 asks for it.
 - moe_config.backend for gpt-oss: TRTLLM on Blackwell, TRITON on Hopper (TensorRT-LLM's "Deployment Guide for
   GPT-OSS", MoE backend support matrix); AUTO (upstream's default) for other MoE targets and unknown GPUs.
-- kv_cache_config.enable_block_reuse: false. Upstream's DFlash test disables it: the drafter's context holds only
-  tokens computed in the current forward, so a reused prefix never reaches it and acceptance drops.
+- kv_cache_config.enable_block_reuse: off unless --prefix-reuse asks for it (trtllm_reuse.py).
+- The token budget: every running request's verify step (1 + max_draft_len tokens) fits one forward of
+  max_num_tokens (check_token_budget).
 """
 
 from __future__ import annotations
@@ -119,13 +120,6 @@ def check_pass_through(options: dict) -> None:
                                   "option")
 
 
-def block_reuse_warning(options: dict) -> str:
-    if (options.get("kv_cache_config") or {}).get("enable_block_reuse") is True:
-        return ("kv_cache_config.enable_block_reuse is on: a reused prefix never reaches the DFlash drafter's context "
-                "(upstream's DFlash test turns reuse off), so acceptance drops on cached prefixes")
-    return ""
-
-
 def check_cross_fields(options: dict) -> None:
     """Rules across fields that TensorRT-LLM's validators enforce and a per-field table cannot
     (tensorrt_llm/llmapi/llm_args.py@58ae162a): refused here so a DGX does not find them at start-up."""
@@ -144,3 +138,28 @@ def check_cross_fields(options: dict) -> None:
     if largest and largest > options["max_batch_size"]:  # graphs past the running batch are captured, never used
         raise DFlashError(f"cuda_graph_config goes up to batch {largest}, above max_batch_size "
                           f"{options['max_batch_size']}")
+
+
+def check_token_budget(max_batch_size: int, max_draft_len: int, max_num_tokens: int, skip: bool) -> str:
+    """TensorRT-LLM refuses at start an explicit max_batch_size x (1 + max_draft_len) above max_num_tokens
+    (validate_dflash_ctx_buffer_budget; tests/unittest/_torch/speculative/hw_agnostic/
+    test_dflash_config_budget.py@414ba69f, which also records that releases without the check corrupt memory at
+    engine init instead). The build writes max_batch_size, so it is always explicit. -> a warning when the user set
+    speculative_config.skip_ctx_buffer_budget_check, else "" or a refusal naming the flags that fix it."""
+    needed = max_batch_size * (1 + max_draft_len)
+    if needed <= max_num_tokens:
+        return ""
+    text = (f"max_batch_size {max_batch_size} x (1 + max_draft_len {max_draft_len}) = {needed} tokens exceeds "
+            f"max_num_tokens {max_num_tokens} (TensorRT-LLM refuses this at start): raise --max-num-tokens to "
+            f"{needed}, lower --max-batch-size to {max_num_tokens // (1 + max_draft_len)}, or lower --block-size")
+    if skip:
+        return f"{text} (speculative_config.skip_ctx_buffer_budget_check is set: upstream will not check)"
+    raise DFlashError(text)
+
+
+def kv_cache_estimation_runs(options: dict) -> bool:
+    """Whether TensorRT-LLM sizes the KV pool by an estimation forward (and so allocates the DFlash arena before
+    it): not for a VANILLA target attention backend nor with context parallelism (TorchLlmArgs.
+    _kv_cache_estimation_runs as test_dflash_config_budget.py@414ba69f pins it; TRTLLM_SKIP_KV_CACHE_ESTIMATION=1
+    skips it too, which a build cannot see)."""
+    return options.get("attn_backend", "TRTLLM") != "VANILLA" and not options.get("cp_config")

@@ -69,6 +69,7 @@ class TrtllmTarget:
     max_position_embeddings: int
     kv_layers: int  # layers that keep a KV cache
     moe: bool
+    windowed: bool = False  # has sliding-window attention layers (trtllm_reuse.py)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> TrtllmTarget:
@@ -93,7 +94,8 @@ class TrtllmTarget:
             head_dim=_positive(text, "head_dim", source, hidden // heads),
             max_position_embeddings=_positive(text, "max_position_embeddings", source, 32768),
             kv_layers=_kv_layers(text, layers, model_type.startswith("qwen3_5")),
-            moe=any(text.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")))
+            moe=any(text.get(k) for k in ("num_experts", "num_local_experts", "n_routed_experts")),
+            windowed="sliding_attention" in (text.get("layer_types") or ()) or bool(text.get("use_sliding_window")))
 
     def check_tp(self, tp: int) -> None:
         """TensorRT-LLM splits attention heads across ranks (KV heads are replicated when fewer)."""

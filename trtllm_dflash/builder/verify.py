@@ -11,14 +11,15 @@ import yaml
 from ..checkpoint import load_tensors, read_safetensors
 from ..config import DrafterConfig, TargetConfig, read_config_json
 from ..errors import DFlashError
-from ..loading import check_weights, tied_weights
+from ..loading import DTYPES, check_weights, tied_weights
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..pairing import validate_pair
 from ..parallel import Parallel
 from .manifest import Manifest
 from .trtllm_engine import OPTIONS, options_at
-from .trtllm_fields import PINNED, check_options
+from .trtllm_fields import check_options
+from .trtllm_tables import known_versions, load_table
 
 
 def verify_engine(engine_dir: str | Path) -> tuple[bool, list[str]]:
@@ -62,13 +63,39 @@ def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
     target = TrtllmTarget.from_dict(read_config_json(engine_dir / "target"), str(source))
     drafter = DrafterConfig.from_dict(read_config_json(engine_dir / "drafter"), str(engine_dir / "drafter"))
     validate_pair(target, drafter)
+    tensors = load_tensors(engine_dir / "drafter")
     with torch.device("meta"):
-        check_weights(DFlashDrafter(drafter), load_tensors(engine_dir / "drafter"), engine_dir / "drafter")
+        check_weights(DFlashDrafter(drafter), tensors, engine_dir / "drafter")
+    check_drafter_dtype(tensors, manifest.dtype, engine_dir / "drafter")
+    table, lines = built_table(manifest)
     options = yaml.safe_load((engine_dir / OPTIONS).read_text())
-    warnings = check_options(options)
-    lines = ["pair: configs valid and matched; drafter in the published DFlash layout",
-             f"options: {OPTIONS} matches TensorRT-LLM's field table ({PINNED})", *(f"warning: {w}" for w in warnings)]
+    warnings = check_options(options, table)
+    lines += [f"pair: configs valid and matched; drafter in the published DFlash layout, all {len(tensors)} tensors "
+              f"{manifest.dtype}", f"options: {OPTIONS} matches the {table.label}",
+              *(f"warning: {w}" for w in warnings)]
     return lines + [parse_with_tensorrt_llm(engine_dir, options)]
+
+
+def check_drafter_dtype(tensors: dict[str, torch.Tensor], dtype: str, where: Path) -> None:
+    """TensorRT-LLM sizes and checks the drafter's context by its stored dtype (trtllm_drafter.py)."""
+    for name, tensor in tensors.items():
+        if tensor.dtype != DTYPES[dtype]:
+            raise DFlashError(f"drafter tensor '{name}' in {where} is {str(tensor.dtype).removeprefix('torch.')}, "
+                              f"not the engine's dtype {dtype}")
+
+
+def built_table(manifest: Manifest):
+    """-> (the field table the engine was checked against, report lines on it). Engines built before tables were
+    versioned were checked against the 1.3.0rc27 one."""
+    record = manifest.backend_details.get("tensorrt_llm") or {"version": "1.3.0rc27"}
+    if record["version"] not in known_versions():
+        raise DFlashError(f"the engine was checked against TensorRT-LLM {record['version']!r}, whose field table "
+                          "this tool does not have: rebuild it with --trtllm-version")
+    table = load_table(record["version"])
+    if record.get("table_sha256", table.sha256) != table.sha256:
+        return table, [f"warning: the {table.label} changed since the build (sha256 {record['table_sha256'][:12]} "
+                       f"then, {table.sha256[:12]} now): options re-checked against the current one"]
+    return table, []
 
 
 def parse_with_tensorrt_llm(engine_dir: Path, options: dict) -> str:

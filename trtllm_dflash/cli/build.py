@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from ..builder.manifest import Manifest
 from ..builder.spec import BACKENDS, QUANTS
+from ..builder.trtllm_tables import known_versions
 from ..errors import DFlashError
 from ..loading import DTYPES
 from .common import model_path, run_cli
@@ -20,7 +21,8 @@ PROG = "dflash-build"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Build a DFlash engine directory from a target and its drafter. "
                                 "Also: 'dflash-build inspect ENGINE_DIR [--json]', 'dflash-build verify ENGINE_DIR', "
-                                "'dflash-build calibrate ENGINE_DIR' (this machine's step cost, for --draft-len auto).")
+                                "'dflash-build calibrate ENGINE_DIR' (this machine's step cost, for --draft-len auto), "
+                                "'dflash-build options ENGINE_DIR' (a trtllm engine's options, paths absolute).")
     p.add_argument("--config", help="YAML file with the same settings (flags override it)")
     p.add_argument("--target", help="target model directory, hub id, or 'builtin'")
     p.add_argument("--drafter", help="DFlash drafter directory, hub id, or 'builtin'")
@@ -52,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="cuda_graph_config.batch_sizes (default: generated up to --max-batch-size)")
     t.add_argument("--llm-option", action="append", metavar="KEY=VALUE", help="any other TensorRT-LLM option, "
                    "e.g. kv_cache_config.host_cache_size=0 (repeatable; checked against upstream's field table)")
+    t.add_argument("--trtllm-version", metavar="V", help="the TensorRT-LLM release the engine is served with: picks "
+                   f"the field table options are checked against (known: {', '.join(known_versions())}; default "
+                   "the newest)")
+    t.add_argument("--prefix-reuse", type=int, metavar="TAIL", help="KV-cache block reuse, the drafter's context "
+                   "recomputed for the last TAIL prompt tokens of a cache hit (TensorRT-LLM >= 1.4.0rc1; default off)")
     return p
 
 
@@ -156,9 +163,26 @@ def cost_table(model) -> str:
     return "\n".join(lines)
 
 
+def run_options(argv: list[str]) -> int:
+    from ..builder.trtllm_engine import write_options_at
+
+    p = argparse.ArgumentParser(prog=f"{PROG} options", description="A trtllm engine's TensorRT-LLM options with "
+                                "its drafter's path absolute for where the engine is now, for `trtllm-serve "
+                                "ENGINE_DIR/target --config FILE` from any directory (the engine's own "
+                                "llm_options.yaml is relative to it, and TensorRT-LLM resolves paths against the "
+                                "working directory).")
+    p.add_argument("engine_dir")
+    p.add_argument("--output", "-o", help="file to write (default: standard output)")
+    args = p.parse_args(argv)
+    text = write_options_at(args.engine_dir, args.output)
+    if args.output is None:
+        print(text, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"inspect": run_inspect, "verify": run_verify, "calibrate": run_calibrate}
+    commands = {"inspect": run_inspect, "verify": run_verify, "calibrate": run_calibrate, "options": run_options}
     if argv and argv[0] in commands:
         return run_cli(PROG, lambda: commands[argv[0]](argv[1:]))
     return run_cli(PROG, lambda: run_build(argv))
