@@ -24,6 +24,7 @@ from trtllm_dflash.loading import load_target
 from trtllm_dflash.models.attention import ForwardContext
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
+from trtllm_dflash.step_mode import StepMode, StepShapes
 
 PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
 N = 40
@@ -32,7 +33,8 @@ ATOL, RTOL = 2e-5, 1e-5  # the residual stream reaches |x| ~ 5 (sqrt(hidden)-sca
 S, F_ = "sliding_attention", "full_attention"
 
 
-@pytest.fixture(scope="module", params=[("text", False, 8), ("multimodal", True, 3)], ids=["text-dense", "multimodal-moe"])
+@pytest.fixture(scope="module", params=[("text", False, 8), ("multimodal", True, 3)],
+                ids=["text-dense", "multimodal-moe"])
 def gemma(request, tmp_path_factory):
     """(transformers model, its directory, its greedy continuations of PROMPTS). Seeds whose continuations vary."""
     layout, moe, seed = request.param
@@ -73,7 +75,8 @@ def test_config_reads_what_transformers_builds(gemma):
     sources = [g.kv_source(i, cfg.layer_types) for i in range(6)]
     assert sources == [0, 1, 2, 3, 3, 2] and text.kv_sharing_modes == [None, None, "store", "store", "reuse", "reuse"]
     assert (g.k_eq_v, g.per_layer_input, g.per_layer_vocab, g.double_wide_mlp) == (True, 4, VOCAB, True)
-    assert g.final_logit_softcapping == 30.0 and cfg.tie_word_embeddings and (cfg.moe is not None) == text.enable_moe_block
+    assert g.final_logit_softcapping == 30.0 and cfg.tie_word_embeddings
+    assert (cfg.moe is not None) == text.enable_moe_block
     ours, theirs = load_target(path).model.rotary.by_kind, getattr(hf.model, "language_model", hf.model).rotary_emb
     for kind in (S, F_):
         torch.testing.assert_close(ours[kind].inv_freq, getattr(theirs, f"{kind}_inv_freq"), atol=0, rtol=0)
@@ -115,7 +118,7 @@ def test_config_fields_left_to_transformers_defaults(fields):
 
 @pytest.mark.parametrize("change, message", [
     ({"hidden_activation": "silu"}, "unsupported hidden_activation 'silu' (Gemma 4: 'gelu_pytorch_tanh')"),
-    ({"rope_parameters": {S: {"rope_type": "yarn", "rope_theta": 1.0}, F_: {"rope_type": "default", "rope_theta": 1.0}}},
+    ({"rope_parameters": {S: {"rope_type": "yarn", "rope_theta": 1.0}, F_: {"rope_theta": 1.0}}},
      f"unsupported rope_type 'yarn' for {S}"),
     ({"num_kv_shared_layers": 6}, "num_kv_shared_layers 6 leaves no layer computing K/V"),
     ({"layer_types": [S] * 5 + [F_], "num_kv_shared_layers": 1}, f"shares {F_} layers but no layer before layer 5"),
@@ -216,6 +219,17 @@ def test_drafts_match_the_reference_drafter(gemma, drafter, drafter_cfg):
     assert result.output_ids == ref_out and result.acceptance_lengths == ref_lengths
 
 
+def test_padded_steps_equal_transformers(gemma, drafter):
+    """CUDA-graph steps' padding, run eagerly: rows, verify width and key span padded to buckets (padding rows are
+    free slots, padding drafts never accepted, keys past a row's queries never visible), windows and shared K/V
+    included."""
+    hf, path, expected = gemma
+    gen = load_pipeline(path, drafter).generator
+    gen.set_step_mode(StepMode("eager", StepShapes(min_span=16, min_rows=2, min_width=2)))
+    results = gen.generate([Request(tuple(p), N, ignore_eos=True) for p in PROMPTS], BLOCK)
+    assert [r.output_ids for r in results] == expected
+
+
 @text_only
 def test_compiled_steps_equal_transformers(gemma, drafter):
     """torch.compile on the CPU: the load compiles every graph (per-layer-type RoPE, shared K/V and per-layer
@@ -233,6 +247,7 @@ def test_tp2_engine_equals_transformers(gemma, drafter, tmp_path):
     """dflash-build --backend torch at TP=2 (heads, MLPs and experts split; the full layers' one K/V head
     replicated; per-layer embeddings and routers replicated), generated on two ranks (gloo on loopback). The rank
     shards reassemble to the checkpoint's language model."""
+    from trtllm_dflash.checkpoint_layout import target_tensors
     from trtllm_dflash.cli.build import main as build_main
     from trtllm_dflash.engine import generate_with_engine
     from trtllm_dflash.sharding import unshard_state
@@ -241,6 +256,7 @@ def test_tp2_engine_equals_transformers(gemma, drafter, tmp_path):
     out = tmp_path / "tp2"
     assert build_main(["--target", str(path), "--drafter", str(drafter), "--output", str(out), "--tp", "2",
                        "--dtype", "float32"]) == 0
+    assert build_main(["verify", str(out)]) == 0
     lengths = (6, N, N)
     results = generate_with_engine(out, [Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)])
     assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
@@ -248,13 +264,9 @@ def test_tp2_engine_equals_transformers(gemma, drafter, tmp_path):
     shards = [load_file(str(out / "target" / f"rank{r}.safetensors")) for r in range(2)]
     assert shards[0]["model.layers.2.self_attn.k_proj.weight"].shape == (16, 32)  # the one head, on both ranks
     full = unshard_state(shards, cfg, cfg.vocab_size)
-    checkpoint = {k.replace("model.language_model.", "model."): v for k, v in
-                  load_file(str(path / "model.safetensors")).items() if k.startswith("model.language_model.")
-                  or not k.startswith("model.")}
-    from trtllm_dflash.checkpoint_layout import target_tensors
-
-    assert full.keys() == target_tensors(cfg, checkpoint).keys()
-    for name, tensor in target_tensors(cfg, checkpoint).items():
+    checkpoint = target_tensors(cfg, load_file(str(path / "model.safetensors")))  # the language model's, as loaded
+    assert full.keys() == checkpoint.keys()
+    for name, tensor in checkpoint.items():
         assert torch.equal(full[name], tensor), name
 
 

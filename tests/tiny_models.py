@@ -191,7 +191,8 @@ def make_hf_gemma4(path: Path, layout: str = "text", moe: bool = False, seed: in
         vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                       num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=64)
         special = dict(image_token_id=VOCAB + 1, video_token_id=VOCAB + 2, audio_token_id=VOCAB + 3,
-                       boi_token_id=VOCAB + 4, eoi_token_id=VOCAB + 5, boa_token_id=VOCAB + 6, eoa_token_index=VOCAB + 7)
+                       boi_token_id=VOCAB + 4, eoi_token_id=VOCAB + 5, boa_token_id=VOCAB + 6,
+                       eoa_token_index=VOCAB + 7)
         config = tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None, **special)
         model = tf.Gemma4ForConditionalGeneration(config)
     else:

@@ -80,28 +80,33 @@ def gemma4_config(text: dict[str, Any], base: dict[str, Any], source: str) -> Ge
         raise DFlashError(f"{source}: unsupported hidden_activation {activation!r} (Gemma 4: 'gelu_pytorch_tanh')")
     if text.get("use_bidirectional_attention") == "all":
         raise DFlashError(f"{source}: use_bidirectional_attention 'all' makes a non-causal encoder, not a decoder")
-    types = base["layer_types"]
-    shapes = layer_shapes(text, base, source)
-    kinds = {kind: {shapes[i] for i, t in enumerate(types) if t == kind} for kind in (SLIDING, FULL)}
-    for kind, found in kinds.items():
-        if len(found) > 1:  # Gemma4TextRotaryEmbedding reads one config per layer type (per_layer_config[type])
-            raise DFlashError(f"{source}: per_layer_config gives {kind} layers different shapes {sorted(found)}")
-    ropes = layer_ropes(text, source)
-    attention = {kind: Gemma4Attention(*(found.pop() if found else (base["head_dim"], base["num_key_value_heads"])),
-                                       rope=ropes[kind]) for kind, found in kinds.items()}
-    for kind, att in attention.items():
-        check_heads(kind, att, base["num_attention_heads"], source)
+    attention = type_attention(text, base, source)
     cfg = Gemma4Config(
         sliding=attention[SLIDING], full=attention[FULL], k_eq_v=_flag(text, "attention_k_eq_v", source),
-        kv_shared_layers=_count(text, "num_kv_shared_layers", source), per_layer_input=_count(text,
-        "hidden_size_per_layer_input", source), per_layer_vocab=_count(text, "vocab_size_per_layer_input", source),
+        kv_shared_layers=_count(text, "num_kv_shared_layers", source),
+        per_layer_input=_count(text, "hidden_size_per_layer_input", source),
+        per_layer_vocab=_count(text, "vocab_size_per_layer_input", source),
         double_wide_mlp=_flag(text, "use_double_wide_mlp", source),
         final_logit_softcapping=_cap(text.get("final_logit_softcapping"), source))
-    check_sharing(cfg, types, source)
+    check_sharing(cfg, base["layer_types"], source)
     if cfg.per_layer_input and not cfg.per_layer_vocab:
         raise DFlashError(f"{source}: hidden_size_per_layer_input {cfg.per_layer_input} needs a positive "
                           "vocab_size_per_layer_input")
     return cfg
+
+
+def type_attention(text: dict[str, Any], base: dict[str, Any], source: str) -> dict[str, Gemma4Attention]:
+    """Each layer type's shape and RoPE: one shape per type (Gemma4TextRotaryEmbedding reads one config per type,
+    per_layer_config[type], and raises where the type's layers differ)."""
+    types, shapes, ropes = base["layer_types"], layer_shapes(text, base, source), layer_ropes(text, source)
+    attention, default = {}, (base["head_dim"], base["num_key_value_heads"])
+    for kind in (SLIDING, FULL):
+        found = {shapes[i] for i, t in enumerate(types) if t == kind} or {default}
+        if len(found) > 1:
+            raise DFlashError(f"{source}: per_layer_config gives {kind} layers different shapes {sorted(found)}")
+        attention[kind] = Gemma4Attention(*found.pop(), rope=ropes[kind])
+        check_heads(kind, attention[kind], base["num_attention_heads"], source)
+    return attention
 
 
 def layer_shapes(text: dict[str, Any], base: dict[str, Any], source: str) -> list[tuple[int, int]]:
@@ -151,13 +156,15 @@ def layer_ropes(text: dict[str, Any], source: str) -> dict[str, Gemma4Rope]:
 def _rope(params: dict[str, Any], text: dict[str, Any], kind: str, source: str) -> Gemma4Rope:
     rope_type = params.get("rope_type", params.get("type", "default"))
     if rope_type not in ROPE_TYPES:
-        raise DFlashError(f"{source}: unsupported rope_type {rope_type!r} for {kind} (supported: {', '.join(ROPE_TYPES)})")
+        raise DFlashError(f"{source}: unsupported rope_type {rope_type!r} for {kind} "
+                          f"(supported: {', '.join(ROPE_TYPES)})")
     theta = params.get("rope_theta", text.get("rope_theta"))  # standardize_rope_params: the top-level theta
     values = {"rope_theta": theta, "partial_rotary_factor": params.get("partial_rotary_factor", 1.0),
               "factor": params.get("factor", 1.0)}
     for key, value in values.items():
         if not isinstance(value, int | float) or isinstance(value, bool) or value <= 0:
-            raise DFlashError(f"{source}: field 'rope_parameters.{kind}.{key}' must be a positive number, got {value!r}")
+            raise DFlashError(f"{source}: field 'rope_parameters.{kind}.{key}' must be a positive number, "
+                              f"got {value!r}")
     if values["partial_rotary_factor"] > 1:
         raise DFlashError(f"{source}: field 'rope_parameters.{kind}.partial_rotary_factor' must be at most 1, "
                           f"got {values['partial_rotary_factor']}")

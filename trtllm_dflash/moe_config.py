@@ -148,7 +148,8 @@ def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str, default:
 
 
 MOE_FAMILIES = {"gpt_oss": _gpt_oss, "qwen3_moe": _qwen3_moe, "qwen3_5_moe": _qwen3_5_moe,
-                "qwen3_5_moe_text": _qwen3_5_moe, "qwen3_next": _qwen3_next, "gemma4": _gemma4, "gemma4_text": _gemma4}
+                "qwen3_5_moe_text": _qwen3_5_moe, "qwen3_next": _qwen3_next, "gemma4": _gemma4,
+                "gemma4_text": _gemma4}
 
 
 def moe_config(model_type: str, data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:

@@ -24,7 +24,8 @@ from .builder import BuildPlan, copy_tokenizer
 
 def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
     dtype, tp = DTYPES[plan.spec.dtype], plan.spec.tp
-    roles = (("target", plan.target_dir, plan.target, build_target), ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
+    roles = (("target", plan.target_dir, plan.target, build_target),
+             ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
     for role, src, cfg, cls in roles:
         state = target_tensors(cfg, load_tensors(src), src) if role == "target" else plan.drafter_checkpoint.tensors()
         skip = tied_weights(cfg)

@@ -3,7 +3,9 @@ transformers 5.24 `models/gemma4/modeling_gemma4.py` computes them.
 
 What sets the family apart (gemma4_config.py has the fields, gemma4_layers.py the pieces):
 - embeddings scaled by sqrt(hidden) (rounded to the weights' dtype, as Gemma4TextScaledWordEmbedding does);
-  the drafter embeds its block with the raw rows (`embed_tokens`), as vLLM's DFlash does for this family;
+  the drafter embeds its block with the raw rows (`embed_tokens`), as vLLM's DFlash does for this family (its
+  proposer hands the drafter the target's `model.embed_tokens` module, vllm/v1/spec_decode/llm_base_proposer.py
+  `_maybe_share_embeddings`; its Gemma 4 scales only in `embed_input_ids`, models/gemma4.py);
 - per-layer input embeddings: a second table gives every layer its own [P] input, mixed with a projection of
   the embedding and fed in after the MLP through a GELU gate;
 - sandwich norms (after attention and after the MLP too), a per-layer scalar on the layer's output;
@@ -165,7 +167,8 @@ class Gemma4Target(nn.Module):
         shapes = {}
         for kind in set(self.cache_kinds):
             att = cfg.gemma4.attention(kind)
-            shapes[kind] = HeadSplit(cfg.num_attention_heads, att.num_kv_heads, self.tp.world).local_kv_heads, att.head_dim
+            split = HeadSplit(cfg.num_attention_heads, att.num_kv_heads, self.tp.world)
+            shapes[kind] = split.local_kv_heads, att.head_dim
         return Gemma4Cache(self.cache_kinds, shapes, cfg.sliding_window, num_slots, capacity, weight.dtype,
                            weight.device, max_step_tokens)
 
