@@ -1,9 +1,9 @@
 """The validated mixture-of-experts config of a target, read from its config.json.
 
 One `MoeConfig` describes every MoE block of a model: how tokens are routed, what one expert
-computes, and which decoder layers have experts instead of a dense MLP. Field names and defaults
-follow transformers 5.23 (`GptOssConfig`, `Qwen3MoeConfig`, `Qwen3_5MoeTextConfig`,
-`Qwen3NextConfig`).
+computes, and which decoder layers have experts instead of a dense MLP (or beside it: Gemma 4). Field
+names and defaults follow transformers 5.23 (`GptOssConfig`, `Qwen3MoeConfig`, `Qwen3_5MoeTextConfig`,
+`Qwen3NextConfig`) and 5.24 (`Gemma4TextConfig`).
 """
 
 from __future__ import annotations
