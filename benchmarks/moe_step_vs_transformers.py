@@ -1,9 +1,10 @@
-"""MoE plain-decoding step cost on the CPU: this runtime against transformers at the same shapes.
+"""MoE (and Gemma 4) plain-decoding step cost on the CPU: this runtime against transformers at the same shapes.
 
     python benchmarks/moe_step_vs_transformers.py [--threads 1] [--repeats 5] [--batch 8]
+        [--families gpt_oss,qwen3_moe,gemma4,gemma4_moe] [--output results/....json]
 
-For each family (gpt-oss, Qwen3-MoE) a random transformers model of one fixed shape (below) is
-saved and loaded by both sides in float32. One measurement: batch-8 greedy plain decoding of
+For each family (gpt-oss, Qwen3-MoE, Gemma 4 dense and MoE) a random transformers model of one fixed shape
+(below) is saved and loaded by both sides in float32. One measurement: batch-8 greedy plain decoding of
 `--new-tokens` tokens after `--prompt-len`-token prompts (longer than the sliding window), timing
 only the decode steps after the prefill:
 - this runtime: `Generator.generate` with the autoregressive proposer (a step = one target pass over
@@ -12,7 +13,7 @@ only the decode steps after the prefill:
   (the model step `generate()` runs, without its logits-processor overhead), same step count.
 Both produce the same tokens (checked). Repeats are interleaved (ours, theirs, ours, ...) and the
 spread min/median/max of the per-step times and of the per-repeat ratio is recorded. Writes
-benchmarks/results/moe_step_vs_transformers.json; nothing is asserted.
+benchmarks/results/moe_step_vs_transformers.json (or --output); nothing is asserted.
 """
 
 from __future__ import annotations
@@ -36,10 +37,18 @@ from trtllm_dflash.request import Request
 OUT = Path(__file__).parent / "results" / "moe_step_vs_transformers.json"
 COMMON = dict(vocab_size=2048, hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
               head_dim=32, max_position_embeddings=4096, rms_norm_eps=1e-6, tie_word_embeddings=False)
-SHAPES = {
-    "gpt_oss": dict(intermediate_size=256, num_local_experts=16, num_experts_per_tok=4, sliding_window=64),
-    "qwen3_moe": dict(intermediate_size=512, moe_intermediate_size=256, num_experts=16, num_experts_per_tok=4,
-                      norm_topk_prob=True, rope_theta=10000.0),
+# Gemma 4: sliding (window 64) and full layers with their own head_dim and one K/V head, the last two layers
+# sharing K/V, per-layer input embeddings, a final soft-cap; "gemma4_moe" adds experts beside every dense MLP
+GEMMA4 = dict(intermediate_size=512, sliding_window=64, layer_types=["sliding_attention", "full_attention"] * 2,
+              global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
+              hidden_size_per_layer_input=16, vocab_size_per_layer_input=2048, final_logit_softcapping=30.0)
+SHAPES = {  # family -> (model_type, shape beside COMMON)
+    "gpt_oss": ("gpt_oss", dict(intermediate_size=256, num_local_experts=16, num_experts_per_tok=4, sliding_window=64)),
+    "qwen3_moe": ("qwen3_moe", dict(intermediate_size=512, moe_intermediate_size=256, num_experts=16,
+                                    num_experts_per_tok=4, norm_topk_prob=True, rope_theta=10000.0)),
+    "gemma4": ("gemma4_text", GEMMA4),
+    "gemma4_moe": ("gemma4_text", dict(GEMMA4, enable_moe_block=True, num_experts=16, top_k_experts=4,
+                                       moe_intermediate_size=256)),
 }
 
 
@@ -47,7 +56,8 @@ def make_model(kind: str, path: Path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **COMMON, **SHAPES[kind]))
+    model_type, shape = SHAPES[kind]
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **COMMON, **shape))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
@@ -99,7 +109,7 @@ def run_family(kind: str, args, root: Path) -> dict:
     print(f"{kind:10s} step ms: ours {1e3 * statistics.median(ours):.2f}  transformers "
           f"{1e3 * statistics.median(theirs):.2f}  speedup x{statistics.median(ratios):.2f} "
           f"(min {min(ratios):.2f}, max {max(ratios):.2f})")
-    return {"shape": {**COMMON, **SHAPES[kind]}, "step_s_ours": spread(ours), "step_s_transformers": spread(theirs),
+    return {"model_type": SHAPES[kind][0], "shape": {**COMMON, **SHAPES[kind][1]}, "step_s_ours": spread(ours), "step_s_transformers": spread(theirs),
             "speedup_transformers_over_ours": spread(ratios), "outputs_identical": True}
 
 
@@ -110,10 +120,16 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=96)
     p.add_argument("--new-tokens", type=int, default=64)
+    p.add_argument("--families", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--output", type=Path, default=OUT)
     args = p.parse_args()
+    families = args.families.split(",")
+    unknown = sorted(set(families) - set(SHAPES))
+    if unknown:
+        p.error(f"unknown family {unknown[0]!r} (choose from {', '.join(SHAPES)})")
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory() as tmp:
-        results = {kind: run_family(kind, args, Path(tmp)) for kind in SHAPES}
+        results = {kind: run_family(kind, args, Path(tmp)) for kind in families}
     record = {
         "command": "python " + " ".join(sys.argv),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -126,9 +142,9 @@ def main() -> None:
                      "transformers": __import__("transformers").__version__},
         "results": results,
     }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"written: {OUT}")
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"written: {args.output}")
 
 
 if __name__ == "__main__":

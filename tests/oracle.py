@@ -82,15 +82,16 @@ class ReferenceDrafter:
 
 @torch.no_grad()
 def reference_dflash_greedy(hf, drafter: ReferenceDrafter, prompt: list[int], n: int, block: int,
-                            draft_lens: list[int] | None = None):
+                            draft_lens: list[int] | None = None, embed=None):
     """The spec's generation loop at batch 1, greedy, target recomputed in full every step.
 
     draft_lens: drafts per step, in turn (0: a plain step, the drafter does not run); default block - 1.
+    embed: how the block is embedded (default: the target's input embedding module).
     -> (output ids, acceptance lengths, drafts of every drafting step)."""
     cfg = drafter.cfg
     ids_layers = cfg["dflash_config"]["target_layer_ids"]
     mask = cfg["dflash_config"]["mask_token_id"]
-    embed, lm_head = hf.get_input_embeddings(), hf.lm_head
+    embed, lm_head = embed or hf.get_input_embeddings(), hf.lm_head
 
     def target(seq):
         out = hf(torch.tensor([seq]), output_hidden_states=True)

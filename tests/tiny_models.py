@@ -165,3 +165,46 @@ def hf_generate(model, prompt: list[int], n: int) -> list[int]:
     out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                          eos_token_id=None, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+# Gemma 4: sliding layers (window 6) and full ones with their own head_dim (16) and one K/V head (attention_k_eq_v),
+# the last two layers sharing K/V (layer 4 reads layer 3's ring, layer 5 layer 2's cache) with double-wide MLPs,
+# per-layer input embeddings, a final logit soft-cap; MOE adds four experts beside every dense MLP.
+GEMMA4_TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=6, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=8, global_head_dim=16, num_global_key_value_heads=1,
+                   attention_k_eq_v=True, sliding_window=6, num_kv_shared_layers=2, use_double_wide_mlp=True,
+                   layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                   hidden_size_per_layer_input=4, vocab_size_per_layer_input=VOCAB, final_logit_softcapping=30.0,
+                   max_position_embeddings=512, eos_token_id=1, pad_token_id=0, bos_token_id=2)
+GEMMA4_MOE = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)
+
+
+def make_hf_gemma4(path: Path, layout: str = "text", moe: bool = False, seed: int = 0, **overrides):
+    """Save a random transformers Gemma 4 model (the oracle) and return it in eval mode, float32. layout "text":
+    Gemma4ForCausalLM; "multimodal": Gemma4ForConditionalGeneration (a vision tower beside the language model
+    under model.language_model.*)."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    text = {**GEMMA4_TEXT, **(GEMMA4_MOE if moe else {}), **overrides}
+    if layout == "multimodal":
+        vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=64)
+        special = dict(image_token_id=VOCAB + 1, video_token_id=VOCAB + 2, audio_token_id=VOCAB + 3,
+                       boi_token_id=VOCAB + 4, eoi_token_id=VOCAB + 5, boa_token_id=VOCAB + 6,
+                       eoa_token_index=VOCAB + 7)
+        config = tf.Gemma4Config(text_config=text, vision_config=vision, audio_config=None, **special)
+        model = tf.Gemma4ForConditionalGeneration(config)
+    else:
+        model = tf.Gemma4ForCausalLM(tf.Gemma4TextConfig(**text))
+    randomize(model)
+    with torch.no_grad():  # the per-layer output scalars (buffers) and the router's scales off 1 too
+        for name, t in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                t.uniform_(0.7, 1.3)
+        for name, p in model.named_parameters():
+            if name.endswith(("router.scale", "per_expert_scale")):
+                p.uniform_(0.5, 1.5)
+    model.config._attn_implementation = "eager"
+    model.eval().save_pretrained(path)
+    return model

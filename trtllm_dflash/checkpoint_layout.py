@@ -34,6 +34,10 @@ RUNTIME_QUANT_METHODS = (None, "mxfp4")
 # drops the `language_model` prefix; Qwen3_5ForCausalLM ignores `mtp.*` and `model.visual.*`).
 LANGUAGE_MODEL = "model.language_model."
 NOT_THE_LANGUAGE_MODEL = ("model.visual.", "mtp.")
+# Gemma 4's multimodal checkpoint (transformers 5.24 Gemma4Model): the language model under the same prefix,
+# beside vision and audio towers and their embedders
+GEMMA4_NOT_THE_LANGUAGE_MODEL = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.",
+                                 "model.embed_audio.")
 
 
 def tied_weights(cfg) -> set[str]:
@@ -50,14 +54,38 @@ def target_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor], source: 
         raise DFlashError(f"{source}: the torch runtime loads unquantized or MXFP4 checkpoints, this one is quantized "
                           f"with {cfg.quant_method!r} (serve it with --backend trtllm)")
     if cfg.model_type in HYBRID_TARGETS:
-        tensors = {"model." + k[len(LANGUAGE_MODEL):] if k.startswith(LANGUAGE_MODEL) else k: v
-                   for k, v in tensors.items() if not k.startswith(NOT_THE_LANGUAGE_MODEL)}
+        tensors = language_model(tensors, NOT_THE_LANGUAGE_MODEL)
+    if cfg.gemma4 is not None:
+        tensors = gemma4_tensors(cfg, language_model(tensors, GEMMA4_NOT_THE_LANGUAGE_MODEL))
     if cfg.linear_attention is not None and cfg.linear_attention.fused_qkvz:
         tensors = unfuse_qkvz(cfg, tensors)
     if cfg.moe is not None:
         tensors = moe_tensors(cfg, tensors)
     skip = tied_weights(cfg)
     return {k: v for k, v in tensors.items() if k not in skip}
+
+
+def language_model(tensors: dict[str, torch.Tensor], others: tuple[str, ...]) -> dict[str, torch.Tensor]:
+    """`model.language_model.*` as `model.*`, the tensors under `others` dropped (names already so pass)."""
+    return {"model." + k[len(LANGUAGE_MODEL):] if k.startswith(LANGUAGE_MODEL) else k: v
+            for k, v in tensors.items() if not k.startswith(others)}
+
+
+def gemma4_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Gemma 4: layers that share another's K/V have no K/V weights of their own (a checkpoint's are dropped, as
+    transformers 5.24 ignores them: Gemma4TextModel._keys_to_ignore_on_load_unexpected); experts stored as
+    transformers holds them (`experts.gate_up_proj` [E, 2I, H], gate rows first; `experts.down_proj` [E, H, I])
+    become `experts.w13` / `w2` (models/moe.py)."""
+    layers = cfg.num_hidden_layers
+    unused = tuple(f"model.layers.{i}.self_attn.{p}." for i in range(layers) if cfg.gemma4.shares_kv(i, layers)
+                   for p in ("k_proj", "v_proj", "k_norm", "v_norm"))
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            name, t = _expert_tensor(name, t, interleaved=False)
+        if not name.startswith(unused):
+            out[name] = t
+    return out
 
 
 def moe_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

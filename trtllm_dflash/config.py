@@ -13,13 +13,15 @@ from typing import Any
 
 from .errors import DFlashError
 from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, with_defaults
+from .gemma4_config import Gemma4Config, gemma4_config
 from .moe_config import MoeConfig, moe_config
 
 # Hybrid families: Gated DeltaNet layers beside gated full attention (transformers 5.23,
 # models/qwen3_next/modeling_qwen3_next.py and models/qwen3_5/modular_qwen3_5.py).
 HYBRID_TARGETS = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
 # Published multimodal checkpoints nest the language model's fields under `text_config`.
-MULTIMODAL_TARGETS = ("qwen3_5", "qwen3_5_moe")
+MULTIMODAL_TARGETS = ("qwen3_5", "qwen3_5_moe", "gemma4")
+GEMMA4_TARGETS = ("gemma4", "gemma4_text")
 LAYER_KINDS = ("full_attention", "linear_attention")
 SUPPORTED_TARGETS = {name: family.architecture for name, family in FAMILIES.items()}
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
@@ -134,6 +136,10 @@ class DecoderConfig:
         """The sliding window of `layer` in tokens, or None for a full-attention layer."""
         return self.sliding_window if self.layer_types[layer] == "sliding_attention" else None
 
+    def kv_heads_and_dim(self, layer: int) -> tuple[int, int]:
+        """`layer`'s key/value heads and head_dim (every layer's alike, except in Gemma 4: TargetConfig)."""
+        return self.num_key_value_heads, self.head_dim
+
     @staticmethod
     def fields_from(data: dict[str, Any], source: str, qk_norm: bool, model_type: str,
                     drafter: bool = False, partial_rotary: bool = False) -> dict[str, Any]:
@@ -223,6 +229,7 @@ class TargetConfig(DecoderConfig):
     norm_weight_fp32: bool = False  # RMSNorm applies its weight before the cast back (gpt-oss)
     moe: MoeConfig | None = None  # experts in the layers moe.layers; None: a dense model
     quant_method: str | None = None  # quantization_config.quant_method of a pre-quantized checkpoint
+    gemma4: Gemma4Config | None = None  # Gemma 4's own fields (gemma4_config.py); None: another family
 
     @property
     def rotary_dim(self) -> int:
@@ -234,6 +241,12 @@ class TargetConfig(DecoderConfig):
     @property
     def is_hybrid(self) -> bool:
         return "linear_attention" in self.layer_types
+
+    def kv_heads_and_dim(self, layer: int) -> tuple[int, int]:
+        if self.gemma4 is None:
+            return super().kv_heads_and_dim(layer)
+        shape = self.gemma4.attention(self.layer_types[layer])  # full-attention layers have their own
+        return shape.num_kv_heads, shape.head_dim
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> TargetConfig:
@@ -259,12 +272,14 @@ class TargetConfig(DecoderConfig):
         return cls(
             **base,
             model_type=model_type,
-            tie_word_embeddings=_Fields(data, source).get("tie_word_embeddings", bool, False),
+            tie_word_embeddings=_Fields(data, source).get("tie_word_embeddings", bool,
+                                                          family.defaults.get("tie_word_embeddings", False)),
             eos_token_ids=_token_ids(text.get("eos_token_id"), source, "eos_token_id"),
             attention_sinks=family.attention_sinks,
             norm_weight_fp32=family.norm_weight_fp32,
             moe=moe_config(model_type, text, source, base["num_hidden_layers"]),
             quant_method=_quant_method(text.get("quantization_config"), source),
+            gemma4=gemma4_config(text, base, source) if model_type in GEMMA4_TARGETS else None,
         )
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -48,6 +48,17 @@ def _gpt_oss_layout(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] 
     return types, data.get("sliding_window", 128)
 
 
+def _gemma4_layout(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
+    # Gemma4TextConfig.__post_init__ (transformers 5.24): five sliding layers, then one full, and the last layer
+    # is made full whatever layer_types says.
+    types = data.get("layer_types")
+    if types is None:
+        types = [SLIDING if (i + 1) % 6 else FULL for i in range(layers)]
+    if isinstance(types, list) and types:
+        types = [*types[:-1], FULL]
+    return types, data.get("sliding_window")
+
+
 def _no_sliding(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
     return [FULL] * layers, None  # LlamaAttention has no sliding window
 
@@ -62,6 +73,18 @@ def _as_stored_window_flag(data: dict[str, Any], layers: int) -> tuple[tuple[str
     # Qwen3MoeConfig: no layer_types field, sliding_window nulled unless use_sliding_window.
     types, window = _as_stored(data, layers)
     return types, window if data.get("use_sliding_window") else None
+
+
+# Gemma4TextConfig's class defaults (transformers 5.24) that change the math; a config.json may omit any of them.
+# Its rope_parameters and global_head_dim defaults are gemma4_config.py's.
+GEMMA4_TEXT_DEFAULTS = {
+    "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "eos_token_id": 1, "tie_word_embeddings": True,
+    "attention_bias": False, "sliding_window": 512, "final_logit_softcapping": None,
+    "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256, "attention_k_eq_v": False,
+    "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False,
+}
 
 
 Layout = Callable[[dict[str, Any], int], tuple[Any, int | None]]
@@ -94,6 +117,11 @@ FAMILIES = {
                           drafter_layout=_as_stored),
     "qwen3_5_moe_text": Family("Qwen3_5MoeForCausalLM", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
     "qwen3_next": Family("Qwen3NextForCausalLM", qk_norm=True, layout=_no_sliding, drafter_layout=_as_stored),
+    # Gemma 4 (gemma4_config.py, models/gemma4.py): text-only, and the multimodal checkpoint's text_config
+    "gemma4_text": Family("Gemma4ForCausalLM", qk_norm=True, layout=_gemma4_layout, drafter_layout=_as_stored,
+                          defaults=GEMMA4_TEXT_DEFAULTS),
+    "gemma4": Family("Gemma4ForConditionalGeneration", qk_norm=True, layout=_gemma4_layout, drafter_layout=_as_stored,
+                     defaults=GEMMA4_TEXT_DEFAULTS),
 }
 # A drafter is Qwen3 layers built from the config class its model_type names (vLLM and SGLang load it
 # with AutoConfig); an unknown type is read as Qwen3Config, the reference drafter's config_class.

@@ -14,7 +14,7 @@ from .config import DrafterConfig, TargetConfig, read_config_json
 from .drafter_checkpoint import read_drafter
 from .errors import DFlashError
 from .models.drafter import DFlashDrafter
-from .models.target import TargetModel
+from .models.target import TargetModel, build_target
 from .parallel import SINGLE, Parallel
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -62,7 +62,7 @@ def target_from_tensors(cfg: TargetConfig, tensors: dict, path: Path, tp: Parall
     tensors = target_tensors(cfg, tensors, path)
     skip = tied_weights(cfg)
     with torch.device("meta"):
-        model = TargetModel(cfg, tp)
+        model = build_target(cfg, tp)
     assign_weights(model, tensors, path, skip=skip)
     if cfg.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight

@@ -1,9 +1,9 @@
 """The validated mixture-of-experts config of a target, read from its config.json.
 
 One `MoeConfig` describes every MoE block of a model: how tokens are routed, what one expert
-computes, and which decoder layers have experts instead of a dense MLP. Field names and defaults
-follow transformers 5.23 (`GptOssConfig`, `Qwen3MoeConfig`, `Qwen3_5MoeTextConfig`,
-`Qwen3NextConfig`).
+computes, and which decoder layers have experts instead of a dense MLP (or beside it: Gemma 4). Field
+names and defaults follow transformers 5.23 (`GptOssConfig`, `Qwen3MoeConfig`, `Qwen3_5MoeTextConfig`,
+`Qwen3NextConfig`) and 5.24 (`Gemma4TextConfig`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 from .errors import DFlashError
 
 ROUTINGS = ("softmax_topk", "topk_softmax")
-ACTIVATIONS = ("silu", "clamped_swiglu")
+ACTIVATIONS = ("silu", "clamped_swiglu", "gelu_tanh")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class MoeConfig:
     expert_bias: bool = False  # gate_up and down biases per expert (gpt-oss)
     # "silu": silu(gate) * up. "clamped_swiglu" (GptOssExperts._apply_gate): gate clamped above at
     # swiglu_limit, up to [-limit, limit], out = (up + 1) * gate * sigmoid(swiglu_alpha * gate).
+    # "gelu_tanh": gelu(gate, approximate="tanh") * up (Gemma 4's experts).
     activation: str = "silu"
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
@@ -127,6 +128,18 @@ def _qwen3_next(data: dict[str, Any], source: str, layers: int) -> MoeConfig | N
                    shared_expert_intermediate_size=_int(data, source, "shared_expert_intermediate_size", default=512))
 
 
+def _gemma4(data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
+    # Gemma4TextDecoderLayer (transformers 5.24): with enable_moe_block every layer adds routed experts beside
+    # its dense MLP; Gemma4TextRouter renormalises the top-k probabilities; experts use hidden_activation. The
+    # router's own scales and the block's norms are models/gemma4.py's.
+    if not data.get("enable_moe_block"):
+        return None
+    experts = _int(data, source, "num_experts")
+    return MoeConfig(num_experts=experts, top_k=_top_k(data, source, experts, "top_k_experts"),
+                     intermediate_size=_int(data, source, "moe_intermediate_size"), norm_topk_prob=True,
+                     activation="gelu_tanh", layers=tuple(range(layers)))
+
+
 def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str, default: Any = ...) -> int:
     k = _int(data, source, *keys, default=default)
     if k > experts:
@@ -135,7 +148,8 @@ def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str, default:
 
 
 MOE_FAMILIES = {"gpt_oss": _gpt_oss, "qwen3_moe": _qwen3_moe, "qwen3_5_moe": _qwen3_5_moe,
-                "qwen3_5_moe_text": _qwen3_5_moe, "qwen3_next": _qwen3_next}
+                "qwen3_5_moe_text": _qwen3_5_moe, "qwen3_next": _qwen3_next, "gemma4": _gemma4,
+                "gemma4_text": _gemma4}
 
 
 def moe_config(model_type: str, data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:

@@ -9,6 +9,8 @@ replicated; gpt-oss attention sinks [H] follow their query heads.
 
 from __future__ import annotations
 
+import re
+
 import torch
 
 from .config import DecoderConfig
@@ -22,8 +24,10 @@ PER_HEAD = (".linear_attn.A_log", ".linear_attn.dt_bias")  # one value per value
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
 
 
-EXPERTS = {".mlp.experts.w13": "halves", ".mlp.experts.w13_bias": "halves", ".mlp.experts.w2": "expert_rows",
-           ".mlp.experts.w2_bias": "rank0", ".self_attn.sinks": "column"}
+# experts sit under the MLP (`mlp.experts`), or beside it (Gemma 4: `layers.<i>.experts`)
+EXPERTS = {".experts.w13": "halves", ".experts.w13_bias": "halves", ".experts.w2": "expert_rows",
+           ".experts.w2_bias": "rank0", ".self_attn.sinks": "column"}
+LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def _kind(name: str) -> str:
@@ -40,6 +44,13 @@ def _kind(name: str) -> str:
     return "replicated"  # norms, fc, hidden_norm
 
 
+def _kv_split(name: str, cfg: DecoderConfig, world: int) -> tuple[HeadSplit, int]:
+    """The KV heads split and head_dim of the layer `name` belongs to (Gemma 4's full-attention layers have their
+    own: `DecoderConfig.kv_heads_and_dim`)."""
+    kv_heads, head_dim = cfg.kv_heads_and_dim(int(LAYER.search(name)[1]))
+    return HeadSplit(cfg.num_attention_heads, kv_heads, world), head_dim
+
+
 def _qkv_parts(cfg: DecoderConfig) -> list[int]:
     lin = cfg.linear_attention
     return [lin.key_dim, lin.key_dim, lin.value_dim]
@@ -48,7 +59,7 @@ def _qkv_parts(cfg: DecoderConfig) -> list[int]:
 def shard_tensor(name: str, t: torch.Tensor, cfg: DecoderConfig, rank: int, world: int) -> torch.Tensor:
     if world == 1:
         return t
-    kind, split = _kind(name), HeadSplit(cfg.num_attention_heads, cfg.num_key_value_heads, world)
+    kind = _kind(name)
     if kind == "vocab":
         padded = torch.cat([t, t.new_zeros(padded_vocab(t.shape[0], world) - t.shape[0], *t.shape[1:])])
         return padded.chunk(world, dim=0)[rank].clone()
@@ -63,8 +74,8 @@ def shard_tensor(name: str, t: torch.Tensor, cfg: DecoderConfig, rank: int, worl
     if kind == "rank0":  # a bias added after the all-reduce's partial sums: counted once
         return t.clone() if rank == 0 else torch.zeros_like(t)
     if kind == "kv":
+        split, d = _kv_split(name, cfg, world)
         heads = split.kv_heads_of(rank)
-        d = cfg.head_dim
         return t[heads.start * d: heads.stop * d].clone()
     if kind == "row":
         if name.endswith(".bias"):
@@ -82,7 +93,6 @@ def unshard_state(shards: list[dict[str, torch.Tensor]], cfg: DecoderConfig, voc
     world = len(shards)
     if world == 1:
         return dict(shards[0])
-    split = HeadSplit(cfg.num_attention_heads, cfg.num_key_value_heads, world)
     full = {}
     for name in shards[0]:
         parts = [s[name] for s in shards]
@@ -101,6 +111,7 @@ def unshard_state(shards: list[dict[str, torch.Tensor]], cfg: DecoderConfig, voc
         elif kind == "rank0":
             full[name] = parts[0]
         elif kind == "kv":
+            split = _kv_split(name, cfg, world)[0]
             first_rank = {split.kv_heads_of(r).start: r for r in reversed(range(world))}  # one copy per head
             full[name] = torch.cat([parts[first_rank[h]] for h in sorted(first_rank)])
         elif kind == "row":

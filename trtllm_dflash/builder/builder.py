@@ -63,8 +63,8 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
         if max_seq_len > limit:
             raise DFlashError(f"max_seq_len {max_seq_len} exceeds the {name}'s max_position_embeddings {limit}")
     if isinstance(target, TargetConfig):
-        check_divisible("target", target.num_attention_heads, target.num_key_value_heads, target.intermediate_size,
-                        spec.tp)
+        for kv_heads in sorted({target.kv_heads_and_dim(i)[0] for i in range(target.num_hidden_layers)}):
+            check_divisible("target", target.num_attention_heads, kv_heads, target.intermediate_size, spec.tp)
         if target.linear_attention is not None:
             check_linear_heads(target.linear_attention.num_k_heads, target.linear_attention.num_v_heads, spec.tp)
         if target.moe is not None:

@@ -17,14 +17,15 @@ from ..checkpoint import load_tensors
 from ..checkpoint_layout import target_tensors
 from ..loading import DTYPES, check_weights, tied_weights
 from ..models.drafter import DFlashDrafter
-from ..models.target import TargetModel
+from ..models.target import build_target
 from ..sharding import shard_state
 from .builder import BuildPlan, copy_tokenizer
 
 
 def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
     dtype, tp = DTYPES[plan.spec.dtype], plan.spec.tp
-    roles = (("target", plan.target_dir, plan.target, TargetModel), ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
+    roles = (("target", plan.target_dir, plan.target, build_target),
+             ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
     for role, src, cfg, cls in roles:
         state = target_tensors(cfg, load_tensors(src), src) if role == "target" else plan.drafter_checkpoint.tensors()
         skip = tied_weights(cfg)

@@ -48,6 +48,7 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
 REFUSED = {"qwen3_next": "Qwen3NextForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
            "deepseek_v32": "DeepseekV32ForCausalLM", "deepseek_v4": "DeepseekV4ForCausalLM",
            "llama4": "Llama4ForConditionalGeneration", "gemma4": "Gemma4ForConditionalGeneration",
+           "gemma4_text": "Gemma4ForCausalLM",
            "nemotron_h": "NemotronHForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
 NO_KV_LAYER_TYPES = {"linear_attention"}  # Gated DeltaNet layers keep recurrent state, not a KV cache
 

@@ -13,7 +13,7 @@ from ..config import DrafterConfig, TargetConfig, read_config_json
 from ..errors import DFlashError
 from ..loading import DTYPES, check_weights, tied_weights
 from ..models.drafter import DFlashDrafter
-from ..models.target import TargetModel
+from ..models.target import build_target
 from ..pairing import validate_pair
 from ..parallel import Parallel
 from .manifest import Manifest
@@ -49,7 +49,7 @@ def check_torch(engine_dir: Path, manifest: Manifest) -> list[str]:
     for rank in range(manifest.tp_size):
         tp = Parallel(rank, manifest.tp_size)
         with torch.device("meta"):
-            models = (("target", TargetModel(target, tp)), ("drafter", DFlashDrafter(drafter, tp)))
+            models = (("target", build_target(target, tp)), ("drafter", DFlashDrafter(drafter, tp)))
         for role, model in models:
             path = engine_dir / role / f"rank{rank}.safetensors"
             check_weights(model, read_safetensors(path), path, tied_weights(model.config))

@@ -88,6 +88,8 @@ class Experts(nn.Module):
         cfg = self.cfg
         if cfg.activation == "silu":
             return F.silu(gate) * up
+        if cfg.activation == "gelu_tanh":
+            return F.gelu(gate, approximate="tanh") * up
         gate = gate.clamp(max=cfg.swiglu_limit)
         up = up.clamp(-cfg.swiglu_limit, cfg.swiglu_limit)
         return (up + 1) * gate * torch.sigmoid(gate * cfg.swiglu_alpha)

@@ -13,6 +13,7 @@ from ..parallel import SINGLE, Parallel
 from ..state_cache import RecurrentState
 from .attention import ForwardContext
 from .gated_delta_net import GatedDeltaNet
+from .gemma4 import Gemma4Target
 from .layers import MLP, Attention, LMHead, RMSNorm, Rotary, VocabEmbedding
 from .moe import MoE
 
@@ -150,3 +151,10 @@ class TargetModel(nn.Module):
         for layer in self.model.layers:
             if layer.kind == "linear_attention":
                 layer.linear_attn.commit(layer.cache_index, cache.state, slots, lengths, t)
+
+
+def build_target(cfg: TargetConfig, tp: Parallel = SINGLE) -> nn.Module:
+    """The target model of cfg's family: Gemma 4's own (models/gemma4.py), or TargetModel."""
+    if cfg.gemma4 is not None:
+        return Gemma4Target(cfg, tp)
+    return TargetModel(cfg, tp)
