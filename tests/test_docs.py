@@ -1,4 +1,4 @@
-"""The docs cannot drift: in README.md and docs/*.md every relative link resolves (its #anchor too), every
+"""The docs cannot drift: in README.md, benchmarks/README.md and docs/*.md every relative link resolves (its #anchor too), every
 repository path they name exists, and every command line of their shell code blocks that calls a project CLI
 (dflash-*, `python benchmarks/X.py`, `python tools/X.py`, `make X`) parses against that command's own parser.
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 TOP = ("trtllm_dflash", "benchmarks", "tests", "docs", "tools", "docker", "plugins", "triton_repo", "engines", ".ci")
 PATH = re.compile(r"^(?:%s)/[\w./*\-]*$|^(?:README\.md|Makefile|pyproject\.toml)$" % "|".join(re.escape(t) for t in TOP))
 SHELL = {"", "bash", "sh", "shell", "console"}
