@@ -9,6 +9,8 @@ reference drafter loaded with `trust_remote_code`).
 
 from __future__ import annotations
 
+import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -137,6 +139,31 @@ def with_defaults(model_type: str, data: dict[str, Any]) -> dict[str, Any]:
     if model_type == "gpt_oss" and "rope_parameters" not in data and "rope_scaling" not in data:
         filled["rope_parameters"] = dict(GPT_OSS_ROPE)
     return filled
+
+
+def read_as_transformers(model_type: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    """config.json as its `transformers` config class reads it (`from_dict`, then `__post_init__`): every field
+    the class defines, at the file's value or the class default; fields it lacks are absent unless the file has
+    them. A None the class writes does not replace a value the file gives (the layouts above read those flags).
+    None without the class (an older transformers) or when the class refuses a value: the caller validates the
+    file itself, so that the error names the field and the value in one line."""
+    try:
+        from transformers import CONFIG_MAPPING
+
+        cls = CONFIG_MAPPING[model_type]
+    except (ImportError, KeyError):
+        return None
+    hf_logger = logging.getLogger("transformers")
+    level, hf_logger.level = hf_logger.level, logging.ERROR  # e.g. Gemma 4's "Forcing last layer to full_attention"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            read = cls.from_dict(data).to_dict()
+    except Exception:  # noqa: BLE001 - strict dataclass validation, __post_init__'s ValueError/TypeError
+        return None
+    finally:
+        hf_logger.level = level
+    return {**data, **{k: v for k, v in read.items() if v is not None or k not in data}}
 
 
 def attention_layout(model_type: str, data: dict[str, Any], layers: int, source: str,
