@@ -126,10 +126,11 @@ def stop_process(proc: subprocess.Popen, grace: float) -> int:
     return proc.returncode
 
 
-def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None) -> int:
-    """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. With `frontend` (FrontendSettings), the
-    OpenAI frontend runs beside tritonserver, started once Triton is ready and stopped first (it ends its
-    streams while Triton still answers); when either child dies, the other is stopped too."""
+def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None, ready_line: str = "") -> int:
+    """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. `ready_line` goes to stderr once Triton answers
+    ready (the model loaded and calibrated), not before. With `frontend` (FrontendSettings), the OpenAI frontend
+    runs beside tritonserver, started once Triton is ready and stopped first (it ends its streams while Triton
+    still answers); when either child dies, the other is stopped too."""
     server = start_server(install, repo, ends)
     children: list[subprocess.Popen] = []  # the frontend, once started
     stop = {"requested": False}
@@ -139,6 +140,9 @@ def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend
 
     old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        wait_ready(server, timeout=float("inf"), stopped=lambda: stop["requested"])  # loading has no time limit
+        if ready_line and not stop["requested"]:
+            print(ready_line, file=sys.stderr, flush=True)
         if frontend is not None:
             start_openai(server, children, frontend, stop)
         while not stop["requested"] and server.poll() is None and all(c.poll() is None for c in children):
