@@ -91,3 +91,17 @@ def test_config_written_by_transformers_builds_and_decodes_exactly(model_type, t
 def test_fields_the_file_omits_take_the_class_default(model_type, field, value):
     cfg = TargetConfig.from_dict({"model_type": model_type, "num_hidden_layers": 2}, "config.json")
     assert getattr(cfg, field) == value
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"model_type": "qwen3", "hidden_size": "x"}, "field 'hidden_size' must be int, got 'x'"),
+    ({"model_type": "qwen3", "num_attention_heads": 0}, "field 'num_attention_heads' must be positive, got 0"),
+    ({"model_type": "qwen3_5_moe", "text_config": {"num_experts": "many"}},
+     "field 'num_experts' must be a positive int, got 'many'"),
+    ({"model_type": "qwen3_5_moe", "text_config": "x"}, "needs a 'text_config' object, got 'x'"),
+])
+def test_a_value_the_class_refuses_is_one_line_naming_it(data, message):
+    from trtllm_dflash.errors import DFlashError
+
+    with pytest.raises(DFlashError, match=message):
+        TargetConfig.from_dict(data, "config.json")

@@ -276,10 +276,6 @@ class TargetConfig(DecoderConfig):
                                          partial_rotary=model_type in HYBRID_TARGETS)
         if model_type in HYBRID_TARGETS:
             base.update(hybrid_fields(text, source, model_type))
-        moe = moe_config(model_type, text, source, base["num_hidden_layers"])
-        if base["intermediate_size"] is None and (moe is None or len(moe.layers) < base["num_hidden_layers"]
-                                                  or model_type in GEMMA4_TARGETS):
-            raise DFlashError(f"{source}: missing required field 'intermediate_size' (the dense MLP's width)")
         return cls(
             **base,
             model_type=model_type,
@@ -288,7 +284,7 @@ class TargetConfig(DecoderConfig):
             eos_token_ids=_token_ids(text.get("eos_token_id"), source, "eos_token_id"),
             attention_sinks=family.attention_sinks,
             norm_weight_fp32=family.norm_weight_fp32,
-            moe=moe,
+            moe=moe_config(model_type, text, source, base["num_hidden_layers"]),
             quant_method=_quant_method(text.get("quantization_config"), source),
             gemma4=gemma4_config(text, base, source) if model_type in GEMMA4_TARGETS else None,
         )

@@ -9,6 +9,7 @@ reference drafter loaded with `trust_remote_code`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from dataclasses import dataclass, field
@@ -145,8 +146,8 @@ def read_as_transformers(model_type: str, data: dict[str, Any]) -> dict[str, Any
     """config.json as its `transformers` config class reads it (`from_dict`, then `__post_init__`): every field
     the class defines, at the file's value or the class default; fields it lacks are absent unless the file has
     them. A None the class writes does not replace a value the file gives (the layouts above read those flags).
-    None without the class (an older transformers) or when the class refuses a value: the caller validates the
-    file itself, so that the error names the field and the value in one line."""
+    When the class refuses a value, the file over the class's plain defaults, so that the caller's validation names
+    the field and the value in one line. None without the class (an older transformers)."""
     try:
         from transformers import CONFIG_MAPPING
 
@@ -158,12 +159,27 @@ def read_as_transformers(model_type: str, data: dict[str, Any]) -> dict[str, Any
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            read = cls.from_dict(data).to_dict()
-    except Exception:  # noqa: BLE001 - strict dataclass validation, __post_init__'s ValueError/TypeError
-        return None
+            try:
+                read = cls.from_dict(data).to_dict()
+            except Exception:  # noqa: BLE001 - strict dataclass validation, __post_init__'s ValueError/TypeError
+                defaults = declared_defaults(cls)
+                merged = {**defaults, **data}
+                if isinstance(data.get("text_config"), dict) and "text_config" in defaults:
+                    merged["text_config"] = {**defaults["text_config"], **data["text_config"]}
+                return with_defaults(model_type, merged)
     finally:
         hf_logger.level = level
     return {**data, **{k: v for k, v in read.items() if v is not None or k not in data}}
+
+
+def declared_defaults(cls) -> dict[str, Any]:
+    """The non-None defaults a config class declares, its text_config's nested; none of `__post_init__`'s
+    derivations (those depend on the values, one of which the class refused)."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    found = {f.name: f.default for f in dataclasses.fields(cls) if f.default not in (dataclasses.MISSING, None)}
+    text = getattr(cls, "sub_configs", {}).get("text_config")
+    return {**found, "text_config": declared_defaults(text)} if text is not None else found
 
 
 def attention_layout(model_type: str, data: dict[str, Any], layers: int, source: str,
