@@ -145,6 +145,20 @@ def test_too_long_for_the_target(capsys, hf_target):
                  "--target", str(target), "--prompt-ids", "3", "--max-new-tokens", "600")
 
 
+def test_too_long_with_a_drafter_names_the_prompt_and_the_request(capsys, hf_target, random_drafter):
+    """Checked before the draft-length calibration, whose own requests must not be the ones reported."""
+    _, target = hf_target
+    expect_error(capsys, "prompt length 600 + max_new_tokens 4 = 604 exceeds the target's max_position_embeddings 512",
+                 "--target", str(target), "--drafter", str(random_drafter), "--prompt-ids", ",".join(["3"] * 600),
+                 "--max-new-tokens", "4")
+
+
+@pytest.mark.parametrize("value", ["-5", "-1", "0"])
+def test_max_new_tokens_below_one_is_refused_before_loading(capsys, tmp_path, value):
+    expect_error(capsys, f"--max-new-tokens must be at least 1, got {value}", "--target", str(tmp_path / "missing"),
+                 "--drafter", str(tmp_path / "missing"), "--prompt-ids", "3", "--max-new-tokens", value)
+
+
 def test_cuda_requested_without_gpu(capsys, hf_target):
     _, target = hf_target
     expect_error(capsys, "no CUDA GPU is available", *gen_args(target, None, "--device", "cuda"))

@@ -124,6 +124,7 @@ def test_report_table_ratios_and_na(two_runs, tmp_path):
     md = (out / "report.md").read_text()
     assert f"| 50 | {plain_50:.1f} | ≥ 2400.0 (≥ {2400 / plain_50:.2f}x) |" in md
     assert "| 400 | n/a | n/a |" in md
+    assert f"| 200 | n/a | {at_200['throughput_per_gpu']:.1f} (no ratio: plain never reaches this interactivity) |" in md
     assert "aborted" in md  # a partial run is labelled as such
 
 

@@ -108,3 +108,18 @@ def test_every_api_has_a_registered_client():
     assert set(REGISTRY) == set(APIS)
     with pytest.raises(DFlashError, match="--api: unknown API 'soap'"):
         make_client("soap", ClientSettings("http://h", "m"))
+
+
+@pytest.mark.parametrize("api, url, expected", [
+    ("triton-http", "http://node3:9000", ["http://node3:9002/metrics", "http://node3:8002/metrics"]),
+    ("triton-grpc", "node3:9001", ["http://node3:9002/metrics", "http://node3:8002/metrics"]),
+    ("triton-http", "http://127.0.0.1:8000", ["http://127.0.0.1:8002/metrics"]),
+    ("openai", "http://127.0.0.1:8003", []),
+])
+def test_metrics_found_where_dflash_serve_puts_them(api, url, expected):
+    """dflash-serve's default ports are consecutive (HTTP, gRPC, metrics); a moved HTTP port moves them all."""
+    from trtllm_dflash.bench.sweep import metrics_urls
+
+    assert metrics_urls(SweepSpec(url=url, model="dflash", api=api, concurrency=1)) == expected
+    given = SweepSpec(url=url, model="dflash", api=api, concurrency=1, metrics_url="http://m:1/metrics")
+    assert metrics_urls(given) == ["http://m:1/metrics"]

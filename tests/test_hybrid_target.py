@@ -72,7 +72,7 @@ def test_both_layouts_parse_to_one_language_model(hybrid):
     (lambda t: t.update(layer_types=["linear_attention"] * 3), "field 'layer_types' must list 4 of"),
     (lambda t: t.update(linear_num_value_heads=3),
      "linear_num_value_heads 3 is not a multiple of linear_num_key_heads 2"),
-    (lambda t: t.pop("linear_key_head_dim"), "missing required field 'linear_key_head_dim'"),
+    (lambda t: t.update(linear_key_head_dim=0), "field 'linear_key_head_dim' must be positive, got 0"),
 ])
 def test_bad_hybrid_configs_name_the_field(mutate, message):
     from tiny_models import hybrid_text_config

@@ -60,11 +60,26 @@ def open_stream(port: int, events: list, done: threading.Event, started: threadi
     done.set()
 
 
+def check_start_log(path: Path) -> None:
+    """'serving on' once the model is loaded, never before; no CUDA/NVML/DCGM failures on a machine without a GPU."""
+    from trtllm_dflash.serve.server import has_gpu
+
+    deadline = time.monotonic() + 10
+    while "serving on" not in path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    text = path.read_text()
+    assert text.index("successfully loaded 'dflash'") < text.index("serving on"), text[-3000:]
+    if not has_gpu():
+        for noise in ("CudaDriverHelper", "Failed to initialize NVML", "DCGM unable to start", "pinned system memory"):
+            assert noise not in text, noise
+
+
 def test_sigterm_cancels_streams_and_exits_cleanly(triton_server, tmp_path):
     shm_before = python_shm()
     serve, port, log = start_serve(triton_server["engine"], tmp_path)
     try:
         wait_ready(serve, port, tmp_path / "serve.log")
+        check_start_log(tmp_path / "serve.log")
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(serve.pid)], capture_output=True,
                                                    text=True).stdout.split()]
         assert len(children) == 1  # tritonserver

@@ -9,7 +9,6 @@ trained pair instead (trtllm_dflash/pairs).
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import tempfile
@@ -22,6 +21,7 @@ from .config import DrafterConfig, TargetConfig
 from .distill import fit_drafter, target_continuations
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
+from .user_cache import user_cache_home
 
 VERSION = "v3"  # bump whenever the recipe changes: it names the cache directory
 EOS, MASK = "<|endoftext|>", "<|MASK|>"
@@ -42,7 +42,7 @@ DRAFTER = {
 
 
 def default_home() -> Path:
-    return Path(os.environ.get("TRTLLM_DFLASH_HOME", Path.home() / ".cache" / "trtllm-dflash"))
+    return user_cache_home()
 
 
 def builtin_pair(home: Path | None = None, seed: int = 0, fit_steps: int = 600) -> tuple[Path, Path]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import DFlashError
-from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, with_defaults
+from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, read_as_transformers, with_defaults
 from .gemma4_config import Gemma4Config, gemma4_config
 from .moe_config import MoeConfig, moe_config
 
@@ -23,6 +23,8 @@ HYBRID_TARGETS = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", 
 MULTIMODAL_TARGETS = ("qwen3_5", "qwen3_5_moe", "gemma4")
 GEMMA4_TARGETS = ("gemma4", "gemma4_text")
 LAYER_KINDS = ("full_attention", "linear_attention")
+# Config classes without a dense MLP width: experts in every layer (Qwen3_5MoeTextConfig has no intermediate_size).
+DENSE_MLP_OPTIONAL = ("qwen3_5_moe", "qwen3_5_moe_text")
 SUPPORTED_TARGETS = {name: family.architecture for name, family in FAMILIES.items()}
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
@@ -118,7 +120,7 @@ class DecoderConfig:
 
     vocab_size: int
     hidden_size: int
-    intermediate_size: int
+    intermediate_size: int | None  # the dense MLP's; None: every layer has experts (Qwen3.5-MoE defines none)
     num_hidden_layers: int
     num_attention_heads: int
     num_key_value_heads: int
@@ -163,7 +165,8 @@ class DecoderConfig:
         return dict(
             vocab_size=f.get("vocab_size", int, positive=True),
             hidden_size=hidden,
-            intermediate_size=f.get("intermediate_size", int, positive=True),
+            intermediate_size=f.get("intermediate_size", int, None if model_type in DENSE_MLP_OPTIONAL else ...,
+                                    positive=True),
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
@@ -260,11 +263,15 @@ class TargetConfig(DecoderConfig):
                 f"(supported targets: {', '.join(SUPPORTED_TARGETS)})"
             )
         family = FAMILIES[model_type]
-        text = text_fields(data, source) if model_type in MULTIMODAL_TARGETS else data
+        if model_type in MULTIMODAL_TARGETS:
+            text_fields(data, source)  # a wrapper without its text_config: refused before the class fills one in
+        read = read_as_transformers(model_type, data)
+        outer = data if read is None else read
+        text = text_fields(outer, source) if model_type in MULTIMODAL_TARGETS else outer
+        if read is None:
+            text = with_defaults(model_type, text)
         if model_type in HYBRID_TARGETS and text.get("use_sliding_window"):
             raise DFlashError(f"{source}: sliding-window {model_type} targets are not supported (use_sliding_window=true)")
-        text = with_defaults(model_type, text)
-        f = _Fields(text, source)
         base = DecoderConfig.fields_from(text, source, qk_norm=family.qk_norm, model_type=model_type,
                                          partial_rotary=model_type in HYBRID_TARGETS)
         if model_type in HYBRID_TARGETS:
@@ -272,8 +279,8 @@ class TargetConfig(DecoderConfig):
         return cls(
             **base,
             model_type=model_type,
-            tie_word_embeddings=_Fields(data, source).get("tie_word_embeddings", bool,
-                                                          family.defaults.get("tie_word_embeddings", False)),
+            tie_word_embeddings=_Fields(outer, source).get("tie_word_embeddings", bool,
+                                                           family.defaults.get("tie_word_embeddings", False)),
             eos_token_ids=_token_ids(text.get("eos_token_id"), source, "eos_token_id"),
             attention_sinks=family.attention_sinks,
             norm_weight_fp32=family.norm_weight_fp32,

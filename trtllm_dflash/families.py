@@ -9,6 +9,9 @@ reference drafter loaded with `trust_remote_code`).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -137,6 +140,46 @@ def with_defaults(model_type: str, data: dict[str, Any]) -> dict[str, Any]:
     if model_type == "gpt_oss" and "rope_parameters" not in data and "rope_scaling" not in data:
         filled["rope_parameters"] = dict(GPT_OSS_ROPE)
     return filled
+
+
+def read_as_transformers(model_type: str, data: dict[str, Any]) -> dict[str, Any] | None:
+    """config.json as its `transformers` config class reads it (`from_dict`, then `__post_init__`): every field
+    the class defines, at the file's value or the class default; fields it lacks are absent unless the file has
+    them. A None the class writes does not replace a value the file gives (the layouts above read those flags).
+    When the class refuses a value, the file over the class's plain defaults, so that the caller's validation names
+    the field and the value in one line. None without the class (an older transformers)."""
+    try:
+        from transformers import CONFIG_MAPPING
+
+        cls = CONFIG_MAPPING[model_type]
+    except (ImportError, KeyError):
+        return None
+    hf_logger = logging.getLogger("transformers")
+    level, hf_logger.level = hf_logger.level, logging.ERROR  # e.g. Gemma 4's "Forcing last layer to full_attention"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                read = cls.from_dict(data).to_dict()
+            except Exception:  # noqa: BLE001 - strict dataclass validation, __post_init__'s ValueError/TypeError
+                defaults = declared_defaults(cls)
+                merged = {**defaults, **data}
+                if isinstance(data.get("text_config"), dict) and "text_config" in defaults:
+                    merged["text_config"] = {**defaults["text_config"], **data["text_config"]}
+                return with_defaults(model_type, merged)
+    finally:
+        hf_logger.level = level
+    return {**data, **{k: v for k, v in read.items() if v is not None or k not in data}}
+
+
+def declared_defaults(cls) -> dict[str, Any]:
+    """The non-None defaults a config class declares, its text_config's nested; none of `__post_init__`'s
+    derivations (those depend on the values, one of which the class refused)."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    found = {f.name: f.default for f in dataclasses.fields(cls) if f.default not in (dataclasses.MISSING, None)}
+    text = getattr(cls, "sub_configs", {}).get("text_config")
+    return {**found, "text_config": declared_defaults(text)} if text is not None else found
 
 
 def attention_layout(model_type: str, data: dict[str, Any], layers: int, source: str,

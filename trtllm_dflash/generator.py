@@ -86,6 +86,9 @@ class Generator:
         if not requests:
             return []
         block = self.check_block(block_size)
+        cfg = self.target.config
+        for r in requests:  # before `allocate`, whose draft-length calibration runs requests of its own
+            r.validate(cfg.vocab_size, cfg.max_position_embeddings)
         capacity = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + block + 1
         self.allocate(len(requests), capacity, block)
         sequences = self.admit(requests)

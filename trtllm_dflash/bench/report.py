@@ -142,8 +142,8 @@ PLOTS = ["![frontier](frontier.png)", "![TTFT against throughput](ttft_vs_throug
 def markdown(report: Report, runs: list[Run], spec: ReportSpec) -> str:
     note = (f"tok/s/GPU read off each run's Pareto frontier ({spec.interpolation} interpolation, never "
             f"extrapolated); ≥: below the run's lowest measured interactivity, the best throughput it measured at "
-            f"or above the level (a lower bound, not interpolated); in brackets the ratio to `{report.baseline}`; "
-            f"{NA}: the run never reaches that interactivity.")
+            f"or above the level (a lower bound, not interpolated); in brackets the ratio to `{report.baseline}`, or why "
+            f"there is none; {NA}: the run never reaches that interactivity.")
     sections = [
         ["# dflash-bench report", f"Generated {utc_now()} from {len(runs)} run(s). {INTRO}"],
         ["## Runs", runs_table(runs)],
@@ -169,15 +169,23 @@ def headline_table(report: Report, runs: list[Run]) -> str:
     lines = ["| interactivity (tok/s/user) | " + " | ".join(f"{label}: total tok/s/GPU" for label in labels) + " |",
              "|---" * (len(labels) + 1) + "|"]
     by_level: dict[float, list[str]] = {}
+    base = {row["interactivity"]: row for row in report.rows if row["label"] == report.baseline}
     for row in report.rows:
         bound = "≥ " if row["basis"] == AT_OR_ABOVE else ""
         cell = bound + fmt(row["throughput_per_gpu"])
         if row["label"] != report.baseline and row["throughput_per_gpu"] is not None:
             ratio = row["ratio_to_baseline"]
-            cell += f" ({NA if ratio is None else bound + format(ratio, '.2f') + 'x'})"
+            cell += f" ({bound}{ratio:.2f}x)" if ratio is not None else f" ({no_ratio(base[row['interactivity']])})"
         by_level.setdefault(row["interactivity"], []).append(cell)
     lines += [f"| {level:g} | " + " | ".join(cells) + " |" for level, cells in by_level.items()]
     return "\n".join(lines)
+
+
+def no_ratio(base: dict[str, Any]) -> str:
+    """Why a run's value has no ratio to the baseline's at this level, in words."""
+    if base["throughput_per_gpu"] is None:
+        return f"no ratio: {base['label']} never reaches this interactivity"
+    return f"no ratio: {base['label']} has only a lower bound here"
 
 
 POINT_COLUMNS = [  # header, summary keys (shown "a / b"), format

@@ -60,7 +60,7 @@ class SweepSpec:
     seed: int = 0
     timeout: float = 600.0  # seconds per request before it counts as stuck
     temperature: float = 0.0
-    metrics_url: str | None = None  # Prometheus endpoint; default: Triton's :8002/metrics; 'none' disables
+    metrics_url: str | None = None  # Prometheus endpoint; default: sweep.metrics_urls; 'none' disables
 
     def __post_init__(self):
         for name in ("url", "model"):

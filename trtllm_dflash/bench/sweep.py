@@ -67,14 +67,24 @@ def run_sweep(spec: SweepSpec, command: str | None = None, log: Callable[[str], 
     return asyncio.run(sweep.run())
 
 
-def default_metrics_url(spec: SweepSpec) -> str | None:
+def metrics_urls(spec: SweepSpec) -> list[str]:
+    """Where to look for the dflash counters, in order: --metrics-url; else, for Triton, the metrics port as
+    dflash-serve assigns its ports by default (HTTP, gRPC, metrics consecutive: 8000, 8001, 8002), counted from
+    the URL's port; then Triton's default 8002. The first that serves the counters is kept."""
     if spec.metrics_url:
-        return None if spec.metrics_url == "none" else spec.metrics_url
+        return [] if spec.metrics_url == "none" else [spec.metrics_url]
     if not spec.api.startswith("triton"):
-        return None
+        return []
     url = spec.url.removeprefix("grpc://")
-    host = urlsplit(url if "://" in url else f"//{url}").hostname or "127.0.0.1"
-    return f"http://{host}:{TRITON_METRICS_PORT}/metrics"
+    parts = urlsplit(url if "://" in url else f"//{url}")
+    host = parts.hostname or "127.0.0.1"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    offset = 1 if spec.api == "triton-grpc" else 2
+    ports = ([port + offset] if port else []) + [TRITON_METRICS_PORT]
+    return [f"http://{host}:{p}/metrics" for p in dict.fromkeys(ports)]
 
 
 def run_dir(spec: SweepSpec) -> Path:
@@ -92,7 +102,8 @@ class Sweep:
         engine_tp = source.engine["tp_size"] if source.engine else None
         self.num_gpus = spec.num_gpus or engine_tp or 1
         self.gpus_from = "--num-gpus" if spec.num_gpus else ("the engine's tp_size" if engine_tp else "default")
-        self.metrics_url = default_metrics_url(spec)
+        self.metrics_candidates = metrics_urls(spec)
+        self.metrics_url = self.metrics_candidates[0] if self.metrics_candidates else None  # until found
         self.next_prompt = 0
         self.warned_counters = False
 
@@ -212,18 +223,23 @@ class Sweep:
         return warnings
 
     async def scrape(self) -> dict[str, float] | None:
-        if self.metrics_url is None:
-            return None
-        try:
-            status, body = await http_get(self.session, self.metrics_url)
-        except ConnectionLost as exc:
-            status, body = None, str(exc)
-        found = counters.snapshot(counters.parse_prometheus(body)) if status == 200 else None
-        if found is None and not self.warned_counters:
+        """The dflash counters now; the first candidate URL that serves them becomes `metrics_url`."""
+        tried = []
+        for url in dict.fromkeys([self.metrics_url, *self.metrics_candidates] if self.metrics_url else []):
+            try:
+                status, body = await http_get(self.session, url)
+            except ConnectionLost as exc:
+                status, body = None, str(exc)
+            found = counters.snapshot(counters.parse_prometheus(body)) if status == 200 else None
+            if found is not None:
+                self.metrics_url, self.metrics_candidates = url, [url]
+                return found
+            tried.append(f"{url} (HTTP {status})")
+        if tried and not self.warned_counters:
             self.warned_counters = True
-            self.warn(f"no dflash counters at {self.metrics_url} (HTTP {status}): acceptance from counters is n/a "
+            self.warn(f"no dflash counters at {' or '.join(tried)}: acceptance from counters is n/a "
                       "(--metrics-url sets where they are)")
-        return found
+        return None
 
     async def server_info(self, client: Client) -> dict[str, Any]:
         try:

@@ -64,7 +64,7 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
             raise DFlashError(f"max_seq_len {max_seq_len} exceeds the {name}'s max_position_embeddings {limit}")
     if isinstance(target, TargetConfig):
         for kv_heads in sorted({target.kv_heads_and_dim(i)[0] for i in range(target.num_hidden_layers)}):
-            check_divisible("target", target.num_attention_heads, kv_heads, target.intermediate_size, spec.tp)
+            check_divisible("target", target.num_attention_heads, kv_heads, target.intermediate_size or 0, spec.tp)
         if target.linear_attention is not None:
             check_linear_heads(target.linear_attention.num_k_heads, target.linear_attention.num_v_heads, spec.tp)
         if target.moe is not None:

@@ -24,6 +24,7 @@ from typing import Any
 
 from ..config import DRAFTER_ARCHITECTURE
 from ..errors import DFlashError
+from ..families import read_as_transformers
 
 MATRIX = "supported-models.md@00b6d5a2"
 TESTS = "upstream DFlash tests (shared/reference/trtllm-and-triton.md)"
@@ -84,6 +85,7 @@ class TrtllmTarget:
             raise DFlashError(f"{source}: model_type {model_type!r} is not a TensorRT-LLM DFlash target this tool "
                               f"knows (accepted: {', '.join(FAMILIES)})")
         architecture, status, why = FAMILIES[model_type]
+        data = read_as_transformers(model_type, data) or data  # class defaults for what the file omits
         text = data["text_config"] if isinstance(data.get("text_config"), dict) else data
         heads = _positive(text, "num_attention_heads", source)
         hidden = _positive(text, "hidden_size", source)

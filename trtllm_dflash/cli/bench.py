@@ -40,8 +40,9 @@ def sweep_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, help="prompts and arrivals (default 0)")
     p.add_argument("--timeout", type=float, help="seconds before a request counts as stuck (default 600)")
     p.add_argument("--temperature", type=float, help="sampling temperature (default 0, greedy)")
-    p.add_argument("--metrics-url", help="Prometheus endpoint with the dflash counters (default: Triton's "
-                   "http://<host>:8002/metrics; 'none' to skip)")
+    p.add_argument("--metrics-url", help="Prometheus endpoint with the dflash counters (default, Triton APIs: "
+                   "the metrics port dflash-serve pairs with the URL's port (HTTP + 2, gRPC + 1), then 8002; "
+                   "'none' to skip)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

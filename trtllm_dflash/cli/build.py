@@ -88,11 +88,15 @@ def run_build(argv: list[str]) -> int:
     return 0
 
 
-def run_inspect(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog=f"{PROG} inspect")
+def inspect_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} inspect", description="Print an engine's manifest.")
     p.add_argument("engine_dir")
     p.add_argument("--json", action="store_true")
-    args = p.parse_args(argv)
+    return p
+
+
+def run_inspect(argv: list[str]) -> int:
+    args = inspect_parser().parse_args(argv)
     m = Manifest.read(args.engine_dir)
     if args.json:
         print(json.dumps(vars(m), indent=2))
@@ -108,22 +112,24 @@ def run_inspect(argv: list[str]) -> int:
     return 0
 
 
+def verify_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=f"{PROG} verify", description="Re-hash an engine's files and re-check its "
+                                "weights' names and shapes against the configs.")
+    p.add_argument("engine_dir")
+    return p
+
+
 def run_verify(argv: list[str]) -> int:
     from ..builder.verify import verify_engine
 
-    p = argparse.ArgumentParser(prog=f"{PROG} verify")
-    p.add_argument("engine_dir")
-    args = p.parse_args(argv)
+    args = verify_parser().parse_args(argv)
     ok, lines = verify_engine(args.engine_dir)
     for line in lines:
         print(line)
     return 0 if ok else 1
 
 
-def run_calibrate(argv: list[str]) -> int:
-    from ..draft_length.settings import calibrate_engine
-    from ..threads import set_threads
-
+def calibrate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"{PROG} calibrate", description="Measure this machine's decode-step cost for a "
                                 "torch engine (batch x draft length x context) and cache it in ENGINE/calibration/, "
                                 "where dflash-serve and dflash-generate --draft-len auto read it. Valid for this "
@@ -137,7 +143,14 @@ def run_calibrate(argv: list[str]) -> int:
     p.add_argument("--step-mode", default="auto", help="how steps run, as the server will run them: eager, compile, "
                    "cuda-graphs, or auto (default: cuda-graphs on CUDA, eager on a CPU; a cache key)")
     p.add_argument("--json", action="store_true", help="print the cost model as JSON")
-    args = p.parse_args(argv)
+    return p
+
+
+def run_calibrate(argv: list[str]) -> int:
+    from ..draft_length.settings import calibrate_engine
+    from ..threads import set_threads
+
+    args = calibrate_parser().parse_args(argv)
     set_threads(args.threads)  # the calibration is valid for this thread count only (its cache key)
     if args.repeats < 1:
         raise DFlashError(f"--repeats must be at least 1, got {args.repeats}")
@@ -163,9 +176,7 @@ def cost_table(model) -> str:
     return "\n".join(lines)
 
 
-def run_options(argv: list[str]) -> int:
-    from ..builder.trtllm_engine import write_options_at
-
+def options_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"{PROG} options", description="A trtllm engine's TensorRT-LLM options with "
                                 "its drafter's path absolute for where the engine is now, for `trtllm-serve "
                                 "ENGINE_DIR/target --config FILE` from any directory (the engine's own "
@@ -173,11 +184,23 @@ def run_options(argv: list[str]) -> int:
                                 "working directory).")
     p.add_argument("engine_dir")
     p.add_argument("--output", "-o", help="file to write (default: standard output)")
-    args = p.parse_args(argv)
+    return p
+
+
+def run_options(argv: list[str]) -> int:
+    from ..builder.trtllm_engine import write_options_at
+
+    args = options_parser().parse_args(argv)
     text = write_options_at(args.engine_dir, args.output)
     if args.output is None:
         print(text, end="")
     return 0
+
+
+def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
+    """The parsers of `dflash-build SUBCOMMAND` (docs/cli.md is generated from these and build_parser)."""
+    return {"inspect": inspect_parser(), "verify": verify_parser(), "calibrate": calibrate_parser(),
+            "options": options_parser()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -94,6 +94,8 @@ def run(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     args = parser().parse_args(argv)
+    if args.max_new_tokens < 1:  # before anything loads or calibrates
+        raise DFlashError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     run_one = generate_from_engine if args.engine else generate_from_checkpoints
     result, tokenizer = run_one(args, sampling)

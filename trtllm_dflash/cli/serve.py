@@ -120,10 +120,12 @@ def run(argv: list[str] | None) -> int:
                           "tritonserver trtllm container with the launch script (dflash-serve --write-only writes "
                           "the repository)")
     install = find_tritonserver(repo.parent / ".dflash-triton")
-    print(f"tritonserver: {install.binary} (from the {install.origin})", file=sys.stderr)
-    print(f"serving on {ends.http_url} (gRPC :{ends.grpc_port}, metrics {ends.metrics_url}); Ctrl-C stops",
+    print(f"tritonserver: {install.binary} (from the {install.origin}; backends in {install.backend_dir})",
           file=sys.stderr)
-    return run_foreground(install, repo, ends, frontend)
+    print("tritonserver starting: loading the model (the next line says when it is ready)", file=sys.stderr,
+          flush=True)
+    ready = f"serving on {ends.http_url} (gRPC :{ends.grpc_port}, metrics {ends.metrics_url}); Ctrl-C stops"
+    return run_foreground(install, repo, ends, frontend, ready)
 
 
 def openai_settings(args):

@@ -141,17 +141,20 @@ class CalibrationCache:
 
     def __init__(self, directory: Path, fallback: Path | None = None):
         self.directory, self.fallback = Path(directory), fallback
+        self.loaded_from: Path | None = None
 
     def path(self, key: dict, directory: Path | None = None) -> Path:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
         return (directory or self.directory) / f"step-cost-{digest}.json"
 
     def load(self, key: dict) -> CostModel | None:
+        """The model cached for `key`, if any (`loaded_from` then says where)."""
         for directory in filter(None, (self.directory, self.fallback)):
             path = self.path(key, directory)
             if path.is_file():
                 model = CostModel.load(path)
                 if all(model.meta.get(k) == v for k, v in key.items()):
+                    self.loaded_from = path
                     return model
         return None
 
@@ -177,14 +180,17 @@ def calibrator(cache: CalibrationCache | None = None, repeats: int = 3, log=None
         if cached is not None and cached.covers(slots, max_draft_len):
             if log:
                 log(f"step-cost model: cached ({cached.meta.get('created_utc')}, {key['device']}, "
-                    f"{key['threads']} threads)")
+                    f"{key['threads']} threads) from {cache.loaded_from}")
             return cached
         plan = CalibrationPlan.covering(slots, max_draft_len, generator.capacity - generator.block - 1, repeats)
         model = measure(generator, plan)
         where = cache.save(model, key) if cache else None
         if log:
+            why = "" if cached is None else (f"; the cached one covers batch <= {cached.batch_sizes[-1]}, draft length "
+                                             f"<= {cached.max_draft_len}, this run needs {slots} and {max_draft_len}")
+            kept = (f"; cached in {where}" if where else "; not cached (no writable place)") if cache else ""
             log(f"step-cost model: calibrated in {model.meta['calibration_s']:.1f} s ({key['device']}, "
-                f"{key['threads']} threads){f'; cached in {where}' if where else ''}")
+                f"{key['threads']} threads){why}{kept}")
         return model
 
     return obtain

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..builder.manifest import RUNTIME_CACHE
 from ..draft_len_schedule import read_schedule
 from ..errors import DFlashError
+from ..user_cache import CACHE_DIR_ENV, user_cache_home
 from .calibrate import CalibrationCache, CalibrationPlan, calibration_key, calibrator, measure
 from .cost import CostModel
 from .policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen, ScheduledDraftLen
@@ -21,14 +22,20 @@ from .policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen, ScheduledD
 AUTO = "auto"
 
 
-def fallback_cache(engine_dir: Path) -> Path:
-    """Where cost models go when the engine directory is read-only: per engine, under the user's cache."""
-    home = Path(os.environ.get("TRTLLM_DFLASH_HOME", Path.home() / ".cache" / "trtllm-dflash"))
+def fallback_cache(engine_dir: Path, root: Path | None = None) -> Path:
+    """Per engine (by its path), under `root` (default: the user's cache, user_cache.py)."""
     digest = hashlib.sha256(str(engine_dir.resolve()).encode()).hexdigest()[:16]
-    return home / "calibration" / digest
+    return (root or user_cache_home() / "calibration") / digest
 
 
 def engine_cache(engine_dir: Path) -> CalibrationCache:
+    """Where an engine's step-cost models are kept, one cache for dflash-generate, dflash-serve and dflash-build
+    calibrate alike (a model's key names the machine: calibrate.calibration_key): under $TRTLLM_DFLASH_CACHE_DIR
+    when set; else ENGINE/calibration/ when the engine directory is writable, the user's cache when not (a
+    read-only mount)."""
+    chosen = os.environ.get(CACHE_DIR_ENV)
+    if chosen:
+        return CalibrationCache(fallback_cache(Path(engine_dir), Path(chosen)))
     return CalibrationCache(Path(engine_dir) / RUNTIME_CACHE, fallback_cache(Path(engine_dir)))
 
 

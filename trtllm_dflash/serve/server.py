@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -37,13 +38,27 @@ class Endpoints:
         return f"http://{self.host}:{self.metrics_port}/metrics"
 
 
+# On a machine without a GPU: no GPU metrics (NVML, DCGM), no pinned or CUDA memory pools (tritonserver --help,
+# 2.51); each logs a failure otherwise. Triton's core still logs CPU_NOISE at start whatever the flags (server.cc),
+# so dflash-serve drops that line from the log.
+CPU_ONLY_FLAGS = ["--allow-gpu-metrics", "false", "--pinned-memory-pool-byte-size", "0",
+                  "--cuda-memory-pool-byte-size", "0:0"]
+CPU_NOISE = ("CudaDriverHelper has not been initialized",)
+
+
+def has_gpu() -> bool:
+    """An NVIDIA device node: the check needs neither torch nor the driver's libraries."""
+    return any(Path("/dev").glob("nvidia[0-9]*"))
+
+
 def server_command(install: TritonInstall, repo: Path, ends: Endpoints) -> list[str]:
     """Explicit model control, every model loaded at start: a stop can unload them (serve/shutdown.py)."""
     return [str(install.binary), "--model-repository", str(repo), "--backend-directory", str(install.backend_dir),
             "--http-address", ends.host, "--grpc-address", ends.host, "--metrics-address", ends.host,
             "--http-port", str(ends.http_port), "--grpc-port", str(ends.grpc_port),
             "--metrics-port", str(ends.metrics_port), "--model-control-mode", "explicit", "--load-model", "*",
-            "--exit-timeout-secs", str(EXIT_TIMEOUT_S), "--exit-on-error", "true", "--log-verbose", "0"]
+            "--exit-timeout-secs", str(EXIT_TIMEOUT_S), "--exit-on-error", "true", "--log-verbose", "0",
+            *([] if has_gpu() else CPU_ONLY_FLAGS)]
 
 
 @dataclass
@@ -70,9 +85,24 @@ def start_server(install: TritonInstall, repo: Path, ends: Endpoints, log=None) 
     """Its own process group (a terminal's Ctrl-C reaches dflash-serve, which stops it in order)."""
     workdir = Path(tempfile.mkdtemp(prefix="dflash-serve-"))
     env = {**os.environ, **install.env, STOP_FILE_ENV: str(workdir / "stop")}
-    proc = subprocess.Popen(server_command(install, repo, ends), env=env, stdout=log,
-                            stderr=subprocess.STDOUT if log else None, start_new_session=True)
+    quiet = not has_gpu()  # its log passes through a filter (CPU_NOISE)
+    proc = subprocess.Popen(server_command(install, repo, ends), env=env,
+                            stdout=subprocess.PIPE if quiet else log, stderr=subprocess.STDOUT if quiet or log else None,
+                            text=quiet or None, errors="replace" if quiet else None, start_new_session=True)
+    if quiet:
+        threading.Thread(target=forward_log, args=(proc.stdout, log or sys.stderr), daemon=True).start()
     return TritonServer(proc, ends, workdir)
+
+
+def forward_log(lines, out) -> None:
+    """tritonserver's log to `out`, line by line, less the lines it prints on every CPU-only start."""
+    try:
+        for line in lines:
+            if not any(noise in line for noise in CPU_NOISE):
+                out.write(line)
+                out.flush()
+    except (OSError, ValueError):  # `out` closed by its owner: nothing left to tell
+        pass
 
 
 def check_ports_free(ends: Endpoints, openai_port: int | None = None) -> None:
@@ -126,10 +156,11 @@ def stop_process(proc: subprocess.Popen, grace: float) -> int:
     return proc.returncode
 
 
-def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None) -> int:
-    """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. With `frontend` (FrontendSettings), the
-    OpenAI frontend runs beside tritonserver, started once Triton is ready and stopped first (it ends its
-    streams while Triton still answers); when either child dies, the other is stopped too."""
+def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None, ready_line: str = "") -> int:
+    """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. `ready_line` goes to stderr once Triton answers
+    ready (the model loaded and calibrated), not before. With `frontend` (FrontendSettings), the OpenAI frontend
+    runs beside tritonserver, started once Triton is ready and stopped first (it ends its streams while Triton
+    still answers); when either child dies, the other is stopped too."""
     server = start_server(install, repo, ends)
     children: list[subprocess.Popen] = []  # the frontend, once started
     stop = {"requested": False}
@@ -139,6 +170,9 @@ def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend
 
     old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        wait_ready(server, timeout=float("inf"), stopped=lambda: stop["requested"])  # loading has no time limit
+        if ready_line and not stop["requested"]:
+            print(ready_line, file=sys.stderr, flush=True)
         if frontend is not None:
             start_openai(server, children, frontend, stop)
         while not stop["requested"] and server.poll() is None and all(c.poll() is None for c in children):
