@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -152,6 +153,7 @@ def main(argv=None) -> None:
                       "summary": summary(rounds(pipelines, engine, all_ids, args.repeats))}
             if args.blocks:
                 report["accepted_drafts_per_step"] = blocks(pipelines["dflash"], all_ids)
+            report["load_average_at_end"] = os.getloadavg()
     text = json.dumps(report, indent=1)
     if args.output:
         Path(args.output).write_text(text + "\n")
