@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import DFlashError
 from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, with_defaults
+from .deepseek_v4_config import DeepseekV4Config, deepseek_v4_config
 from .gemma4_config import Gemma4Config, gemma4_config
 from .moe_config import MoeConfig, moe_config
 
@@ -230,6 +231,7 @@ class TargetConfig(DecoderConfig):
     moe: MoeConfig | None = None  # experts in the layers moe.layers; None: a dense model
     quant_method: str | None = None  # quantization_config.quant_method of a pre-quantized checkpoint
     gemma4: Gemma4Config | None = None  # Gemma 4's own fields (gemma4_config.py); None: another family
+    deepseek_v4: DeepseekV4Config | None = None  # DeepSeek-V4's own fields (deepseek_v4_config.py)
 
     @property
     def rotary_dim(self) -> int:
@@ -266,7 +268,7 @@ class TargetConfig(DecoderConfig):
         text = with_defaults(model_type, text)
         f = _Fields(text, source)
         base = DecoderConfig.fields_from(text, source, qk_norm=family.qk_norm, model_type=model_type,
-                                         partial_rotary=model_type in HYBRID_TARGETS)
+                                         partial_rotary=model_type in (*HYBRID_TARGETS, "deepseek_v4"))
         if model_type in HYBRID_TARGETS:
             base.update(hybrid_fields(text, source, model_type))
         return cls(
@@ -280,6 +282,7 @@ class TargetConfig(DecoderConfig):
             moe=moe_config(model_type, text, source, base["num_hidden_layers"]),
             quant_method=_quant_method(text.get("quantization_config"), source),
             gemma4=gemma4_config(text, base, source) if model_type in GEMMA4_TARGETS else None,
+            deepseek_v4=deepseek_v4_config(text, base, source) if model_type == "deepseek_v4" else None,
         )
 
     def is_moe_layer(self, layer: int) -> bool:

@@ -1,0 +1,159 @@
+"""DeepSeek-V4 targets against transformers 5.24.
+
+A tiny random transformers DeepseekV4ForCausalLM (tiny_models.DEEPSEEK_V4): an HCA layer (an entry every 4 tokens),
+two CSA layers (every 2 tokens, overlapping windows, an indexer keeping 2 entries) and a sliding-only one, all with a
+6-token window; hash-routed experts in layer 0, score-routed in the others; two hyper-connection streams. Every test
+sequence is longer than the window, than the compression blocks and than the indexer's top-k entries. Greedy output
+is compared token for token with transformers' own greedy `generate`.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from test_hybrid_target import ScriptedProposer
+from tiny_models import DEEPSEEK_V4, VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_deepseek_v4, \
+    write_drafter
+from trtllm_dflash.config import TargetConfig
+from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.generator import Generator
+from trtllm_dflash.loading import load_target
+from trtllm_dflash.models.attention import ForwardContext
+from trtllm_dflash.pipeline import load_pipeline
+from trtllm_dflash.request import Request
+
+PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
+N = 40
+BLOCK = 8
+ATOL, RTOL = 2e-5, 1e-5
+HCA, CSA, SLIDING = "heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention"
+
+
+@pytest.fixture(scope="module")
+def dsv4(tmp_path_factory):
+    """(transformers model, its directory, its greedy continuations of PROMPTS)."""
+    path = tmp_path_factory.mktemp("dsv4") / "t"
+    hf = make_hf_deepseek_v4(path, seed=0)
+    add_tokenizer(path)
+    return hf, path, [hf_generate(hf, p, N) for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def drafter(tmp_path_factory):
+    cfg = drafter_config(target_layers=4)
+    cfg["dflash_config"]["target_layer_ids"] = [1, 3]
+    return write_drafter(tmp_path_factory.mktemp("dsv4-drafter") / "d", cfg, seed=8)
+
+
+def test_config_reads_what_transformers_builds(dsv4):
+    hf, path, expected = dsv4
+    cfg = TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c")
+    ds = cfg.deepseek_v4
+    assert ds.layer_types == tuple(hf.config.layer_types) == (HCA, CSA, SLIDING, CSA)
+    assert ds.mlp_types == ("hash_moe", "moe", "moe", "moe") and ds.compress_rates == {CSA: 2, HCA: 4}
+    assert (cfg.sliding_window, cfg.head_dim, ds.rope_dim, cfg.moe.num_experts, cfg.moe.top_k) == (6, 16, 8, 4, 2)
+    assert len({tuple(e) for e in expected}) == len(PROMPTS) and all(len(set(e)) > 8 for e in expected)
+
+
+@pytest.mark.parametrize("fields", [
+    {},  # every default: 43 layers (2 HCA, then CSA / HCA alternating), 3 hash layers
+    {"compress_ratios": [0, 4, 128, 4], "num_hash_layers": 1, "qk_rope_head_dim": 32, "num_hidden_layers": 4},
+    {"num_hidden_layers": 2, "rope_scaling": {"type": "yarn", "factor": 16.0, "original_max_position_embeddings": 4096,
+                                              "beta_fast": 32, "beta_slow": 1}},
+], ids=["defaults", "legacy-keys", "yarn"])
+def test_config_fields_left_to_transformers_defaults(fields):
+    """Layer kinds, MLP kinds and both RoPEs' inverse frequencies and scaling as transformers' config and rotary
+    embedding compute them."""
+    from transformers import AutoConfig
+    from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
+
+    from trtllm_dflash.models.deepseek_v4_layers import HalfRotary
+
+    theirs = AutoConfig.for_model("deepseek_v4", **fields)
+    ours = TargetConfig.from_dict({"model_type": "deepseek_v4", **fields}, "c")
+    ds = ours.deepseek_v4
+    assert ds.layer_types == tuple(theirs.layer_types) and ds.mlp_types == tuple(theirs.mlp_layer_types)
+    assert ds.rope_dim == theirs.qk_rope_head_dim and ours.sliding_window == theirs.sliding_window
+    rotary = DeepseekV4RotaryEmbedding(theirs)
+    for kind, rope in (("main", ds.main_rope), ("compress", ds.compress_rope)):
+        mine = HalfRotary(rope, ds.rope_dim)
+        torch.testing.assert_close(mine.inv_freq, getattr(rotary, f"{kind}_inv_freq"), atol=0, rtol=0)
+        assert mine.scaling == getattr(rotary, f"{kind}_attention_scaling")
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"scoring_func": "softmax"}, "unsupported scoring_func 'softmax'"),
+    ({"layer_types": [SLIDING, "full_attention", SLIDING, SLIDING]}, "field 'layer_types' must list 4 of"),
+    ({"num_key_value_heads": 2}, "num_key_value_heads 2 (DeepSeek-V4 attention has one K=V head)"),
+    ({"o_groups": 3}, "num_attention_heads 4 is not a multiple of o_groups 3"),
+])
+def test_bad_configs_name_the_field(change, message):
+    with pytest.raises(DFlashError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TargetConfig.from_dict({"model_type": "deepseek_v4", **DEEPSEEK_V4, **change}, "c")
+
+
+def stream_means(hf, seq: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """transformers' logits of seq [1, T] and each decoder layer's output averaged over its streams."""
+    outs = []
+    hooks = [layer.register_forward_hook(lambda m, a, out: outs.append(out.mean(dim=2))) for layer in hf.model.layers]
+    try:
+        with torch.no_grad():
+            logits = hf(seq).logits
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, outs
+
+
+def test_logits_and_features_after_rollback(dsv4):
+    """Ragged prefill, a verify block that is mostly rejected, then the accepted prefix continued: logits and every
+    layer's stream mean equal a full transformers pass (window rings overwritten, compressed entries pooled again)."""
+    hf, path, _ = dsv4
+    target = load_target(path).model
+    g = torch.Generator().manual_seed(1)
+    seq = torch.randint(3, VOCAB, (2, 30), generator=g)
+    cache = target.new_cache(2, 40, 8)
+    lengths = torch.tensor([12, 9])
+    junk = torch.randint(3, VOCAB, (2, 8), generator=g)
+    starts = lengths + torch.tensor([3, 0])  # rows keep 3 and 0 tokens of the junk block
+    cont = torch.stack([seq[0, 15:23], seq[1, 9:17]])
+    positions = starts[:, None] + torch.arange(8)
+    with torch.no_grad():
+        target(seq[:, :12], ForwardContext.prefill(torch.arange(12).expand(2, -1), cache, torch.arange(2), lengths))
+        target(junk, ForwardContext.cached(lengths[:, None] + torch.arange(8), cache, int(lengths.max()) + 8))
+        hidden, feats = target(cont, ForwardContext.cached(positions, cache, int(positions.max()) + 1,
+                                                           capture_layer_ids=(0, 1, 2, 3)))
+    fulls = [torch.cat([seq[0, :12], junk[0, :3], cont[0]]), torch.cat([seq[1, :9], cont[1]])]
+    for row, full in enumerate(fulls):
+        logits, means = stream_means(hf, full[None])
+        torch.testing.assert_close(target.logits(hidden[row:row + 1]), logits[:, -8:], atol=ATOL, rtol=RTOL)
+        torch.testing.assert_close(feats[row:row + 1], torch.cat([m[:, -8:] for m in means], dim=-1), atol=ATOL,
+                                   rtol=RTOL)
+
+
+def test_plain_greedy_equals_transformers(dsv4):
+    hf, path, expected = dsv4
+    results = load_pipeline(path).generator.generate([Request(tuple(p), N, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == expected
+
+
+def test_dflash_greedy_equals_transformers(dsv4, drafter):
+    """A ragged batch whose first request ends early (the last moves into its slot), and one request alone."""
+    hf, path, expected = dsv4
+    gen = load_pipeline(path, drafter).generator
+    lengths = (6, N, N)
+    results = gen.generate([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)], BLOCK)
+    assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
+    assert gen.generate([Request(tuple(PROMPTS[2]), N, ignore_eos=True)], BLOCK)[0].output_ids == expected[2]
+
+
+def test_every_acceptance_length_stays_exact(dsv4):
+    """Drafts right up to a per-row, per-step offset: rows accept different lengths in one step."""
+    hf, path, expected = dsv4
+    proposer = ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)])
+    results = Generator(load_target(path).model, proposer).generate(
+        [Request(tuple(p), N, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == expected
+    assert len({a for r in results for a in r.acceptance_lengths}) == ScriptedProposer.max_block_size
