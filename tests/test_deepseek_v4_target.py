@@ -8,6 +8,7 @@ is compared token for token with transformers' own greedy `generate`.
 """
 
 import json
+import re
 
 import pytest
 import torch
@@ -157,3 +158,65 @@ def test_every_acceptance_length_stays_exact(dsv4):
         [Request(tuple(p), N, ignore_eos=True) for p in PROMPTS])
     assert [r.output_ids for r in results] == expected
     assert len({a for r in results for a in r.acceptance_lengths}) == ScriptedProposer.max_block_size
+
+
+def quantize(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [O, I] -> float8_e4m3fn weight and the fp32 scale of each block x block tile (its max / 448)."""
+    o, i = w.shape
+    rows, cols = -(-o // block), -(-i // block)
+    scale = torch.zeros(rows, cols)
+    q = torch.empty(o, i, dtype=torch.float8_e4m3fn)
+    for r in range(rows):
+        for c in range(cols):
+            tile = w[r * block:(r + 1) * block, c * block:(c + 1) * block]
+            scale[r, c] = tile.abs().max().clamp(min=1e-12) / 448.0
+            q[r * block:(r + 1) * block, c * block:(c + 1) * block] = (tile / scale[r, c]).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def test_fp8_block_scaled_checkpoint_loads_dequantized(dsv4, tmp_path):
+    """As DeepSeek publishes: every projection float8_e4m3fn with `weight_scale_inv` per 4 x 4 block (partial blocks
+    at the edges), the rest unquantized, an MTP layer beside the model (`mtp.*`, and a layer past num_hidden_layers):
+    the model loads each weight as fp8 x its block's scale, ignoring the MTP weights, and its logits equal
+    transformers' on that dequantized checkpoint."""
+    import transformers as tf
+
+    hf, path, _ = dsv4
+    tensors = load_file(str(path / "model.safetensors"))
+    fp8, plain = {}, {}
+    for name, t in tensors.items():
+        if name.endswith(".weight") and t.dim() == 2 and "embed" not in name and not name.startswith("head"):
+            q, s = quantize(t, 4)
+            fp8[name], fp8[name + "_scale_inv"] = q, s
+            plain[name] = q.float() * s.repeat_interleave(4, 0)[:t.shape[0]].repeat_interleave(4, 1)[:, :t.shape[1]]
+        else:
+            fp8[name] = plain[name] = t
+    mtp = {"mtp.0.attn.wq_a.weight": torch.zeros(12, 32), "model.layers.4.attn.wq_a.weight": torch.zeros(12, 32)}
+    config = json.loads((path / "config.json").read_text())
+    for d, weights, extra in (("fp8", {**fp8, **mtp}, {"quantization_config": {
+            "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [4, 4]}}),
+                              ("plain", plain, {})):
+        (tmp_path / d).mkdir()
+        save_file(weights, str(tmp_path / d / "model.safetensors"))
+        (tmp_path / d / "config.json").write_text(json.dumps({**config, **extra}))
+    ours = load_target(tmp_path / "fp8").model
+    theirs = tf.DeepseekV4ForCausalLM.from_pretrained(tmp_path / "plain", attn_implementation="eager").eval()
+    seq = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        hidden, _ = ours(seq, ForwardContext.prefill(torch.arange(seq.shape[1])[None], ours.new_cache(1, 32),
+                                                     torch.arange(1), torch.tensor([seq.shape[1]])))
+        torch.testing.assert_close(ours.logits(hidden), theirs(seq).logits, atol=ATOL, rtol=RTOL)
+    assert not torch.equal(plain["model.layers.0.attn.wq_a.weight"], tensors["model.layers.0.attn.wq_a.weight"])
+
+
+def test_fp8_scales_of_the_wrong_shape_name_the_weight(dsv4, tmp_path):
+    _, path, _ = dsv4
+    tensors = load_file(str(path / "model.safetensors"))
+    name = "model.layers.0.attn.wq_a.weight"
+    tensors[name], tensors[name + "_scale_inv"] = quantize(tensors[name], 4)[0], torch.ones(3, 8)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    config = json.loads((path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+    message = f"FP8 scales of '{name}' have shape [3, 8], a 12x32 weight in 128x128 blocks needs [1, 1]"
+    with pytest.raises(DFlashError, match=re.escape(message)):
+        load_target(tmp_path)
