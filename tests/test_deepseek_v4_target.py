@@ -220,3 +220,33 @@ def test_fp8_scales_of_the_wrong_shape_name_the_weight(dsv4, tmp_path):
     message = f"FP8 scales of '{name}' have shape [3, 8], a 12x32 weight in 128x128 blocks needs [1, 1]"
     with pytest.raises(DFlashError, match=re.escape(message)):
         load_target(tmp_path)
+
+
+def test_torch_engine_equals_transformers(dsv4, drafter, tmp_path):
+    """dflash-build --backend torch, verified, then DFlash generation from the engine equals transformers."""
+    from trtllm_dflash.cli.build import main as build_main
+    from trtllm_dflash.engine import generate_with_engine
+
+    hf, path, expected = dsv4
+    out = tmp_path / "engine"
+    assert build_main(["--target", str(path), "--drafter", str(drafter), "--output", str(out),
+                       "--dtype", "float32"]) == 0
+    assert build_main(["verify", str(out)]) == 0
+    results = generate_with_engine(out, [Request(tuple(p), N, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == expected
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "trtllm"], "DeepseekV4ForCausalLM (deepseek_v4) has no DFlash in TensorRT-LLM "
+                              "(supported-models.md@00b6d5a2"),
+    (["--tp", "2"], "tp 2: DeepSeek-V4 targets run unsharded in the torch runtime (tp 1)"),
+], ids=["trtllm", "tp2"])
+def test_builds_refused_in_one_line(dsv4, drafter, tmp_path, capsys, args, message):
+    from trtllm_dflash.cli.build import main as build_main
+
+    _, path, _ = dsv4
+    capsys.readouterr()
+    assert build_main(["--target", str(path), "--drafter", str(drafter), "--output", str(tmp_path / "e"), *args]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "e").exists()
