@@ -63,8 +63,6 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
         if max_seq_len > limit:
             raise DFlashError(f"max_seq_len {max_seq_len} exceeds the {name}'s max_position_embeddings {limit}")
     if isinstance(target, TargetConfig):
-        if target.deepseek_v4 is not None and spec.tp > 1:
-            raise DFlashError(f"tp {spec.tp}: DeepSeek-V4 targets run unsharded in the torch runtime (tp 1)")
         for kv_heads in sorted({target.kv_heads_and_dim(i)[0] for i in range(target.num_hidden_layers)}):
             check_divisible("target", target.num_attention_heads, kv_heads, target.intermediate_size, spec.tp)
         if target.linear_attention is not None:
