@@ -14,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from host_traffic import host_traffic_of_steps
 from test_hybrid_target import ScriptedProposer
 from tiny_models import DEEPSEEK_V4, VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_deepseek_v4, \
     write_drafter
@@ -24,6 +25,7 @@ from trtllm_dflash.loading import load_target
 from trtllm_dflash.models.attention import ForwardContext
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
+from trtllm_dflash.step_mode import StepMode, StepShapes
 
 PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
 N = 40
@@ -148,6 +150,27 @@ def test_dflash_greedy_equals_transformers(dsv4, drafter):
     results = gen.generate([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)], BLOCK)
     assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
     assert gen.generate([Request(tuple(PROMPTS[2]), N, ignore_eos=True)], BLOCK)[0].output_ids == expected[2]
+
+
+def test_padded_steps_equal_transformers(dsv4, drafter):
+    """CUDA-graph steps' padding, run eagerly: rows, verify width and key span padded to buckets (padding rows are
+    free slots, padding drafts never accepted, entries past a row's queries never visible)."""
+    hf, path, expected = dsv4
+    gen = load_pipeline(path, drafter).generator
+    gen.set_step_mode(StepMode("eager", StepShapes(min_span=16, min_rows=2, min_width=2)))
+    results = gen.generate([Request(tuple(p), N, ignore_eos=True) for p in PROMPTS], BLOCK)
+    assert [r.output_ids for r in results] == expected
+
+
+def test_a_decode_step_reads_the_device_once(dsv4, drafter, monkeypatch):
+    """Compressed entries, the indexer's top-k and hash routing included: drafting and plain steps, and a move into
+    a free slot, build no tensor from host data and read the device once per step."""
+    _, path, _ = dsv4
+    gen = load_pipeline(path, drafter).generator
+    gen.allocate(3, 100, BLOCK)
+    gen.admit([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, (2, 40, 40))])
+    calls = host_traffic_of_steps(gen, (2, 0, 2, 0), monkeypatch)
+    assert calls == ["tolist"] * 4 and sorted(gen.slots.running) == [0, 1]
 
 
 def test_every_acceptance_length_stays_exact(dsv4):
