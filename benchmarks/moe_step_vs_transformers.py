@@ -1,4 +1,5 @@
-"""MoE (and Gemma 4, DeepSeek-V4) plain-decoding step cost on the CPU: this runtime against transformers at the same shapes.
+"""MoE (and Gemma 4, DeepSeek-V4) plain-decoding step cost on the CPU: this runtime against transformers at the
+same shapes.
 
     python benchmarks/moe_step_vs_transformers.py [--threads 1] [--repeats 5] [--batch 8]
         [--families gpt_oss,qwen3_moe,gemma4,gemma4_moe,deepseek_v4] [--output results/....json]

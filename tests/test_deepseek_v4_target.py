@@ -91,6 +91,8 @@ def test_config_fields_left_to_transformers_defaults(fields):
     ({"layer_types": [SLIDING, "full_attention", SLIDING, SLIDING]}, "field 'layer_types' must list 4 of"),
     ({"num_key_value_heads": 2}, "num_key_value_heads 2 (DeepSeek-V4 attention has one K=V head)"),
     ({"o_groups": 3}, "num_attention_heads 4 is not a multiple of o_groups 3"),
+    ({"quantization_config": {"quant_method": "fp8", "expert_dtype": "fp4"}},
+     "quantization_config.expert_dtype 'fp4' is not read (FP8 block-scaled and unquantized experts are)"),
 ])
 def test_bad_configs_name_the_field(change, message):
     with pytest.raises(DFlashError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -9,7 +9,7 @@ in-memory form pass unchanged.
 FP8 (quantization_config.quant_method "fp8", as DeepSeek-V3 publishes: float8_e4m3fn `<w>.weight` beside fp32
 `<w>.weight_scale_inv` [ceil(out / b0), ceil(in / b1)], `weight_block_size` [b0, b1], default 128 x 128): dequantized
 at load, weight * scale of its block. Multi-token-prediction layers (`mtp.*`, and layers at or past
-num_hidden_layers, where DeepSeek-V3 keeps its MTP layer) are dropped, as transformers ignores them.
+num_hidden_layers, where DeepSeek-V3 keeps its MTP layer) are dropped, as transformers ignores them (`(^|.)mtp.`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,15 @@ RENAMES = [
     (r"\.wq_a\.", ".q_a_proj."), (r"\.self_attn\.wq_b\.", ".self_attn.q_b_proj."), (r"\.wkv\.", ".kv_proj."),
     (r"\.wgate\.", ".gate_proj."), (r"\.wo_a\.", ".o_a_proj."), (r"\.wo_b\.", ".o_b_proj."),
     (r"\.q_norm\.", ".q_a_norm."), (r"\.gate\.bias", ".gate.e_score_correction_bias"),
-    (r"\.shared_experts\.w1\.", ".shared_experts.gate_proj."), (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
+    (r"\.shared_experts\.w1\.", ".shared_experts.gate_proj."),
+    (r"\.shared_experts\.w2\.", ".shared_experts.down_proj."),
     (r"\.shared_experts\.w3\.", ".shared_experts.up_proj."),
 ]
 TOP_LEVEL = {"embed.weight": "model.embed_tokens.weight", "head.weight": "lm_head.weight",
              "norm.weight": "model.norm.weight", "hc_head_fn": "model.hc_head.hc_fn",
              "hc_head_base": "model.hc_head.hc_base", "hc_head_scale": "model.hc_head.hc_scale"}
 LAYER = re.compile(r"^(?:model\.)?layers\.(?P<layer>\d+)(?P<rest>\..+)$")
+MTP = re.compile(r"(^|\.)mtp\.")  # DeepseekV4PreTrainedModel._keys_to_ignore_on_load_unexpected
 EXPERT = re.compile(r"^(?P<prefix>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>w1|w2|w3)\.weight$")
 
 
@@ -114,7 +116,7 @@ def deepseek_v4_tensors(cfg, tensors: dict[str, torch.Tensor], block: tuple[int,
     kept = {}
     for name, t in tensors.items():
         m = LAYER.match(name)
-        if name.startswith("mtp.") or (m is not None and int(m["layer"]) >= cfg.num_hidden_layers):
+        if MTP.search(name) or (m is not None and int(m["layer"]) >= cfg.num_hidden_layers):
             continue
         kept[rename(name)] = t
     return stack_experts(kept, cfg.moe.num_experts)

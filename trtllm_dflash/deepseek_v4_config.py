@@ -158,7 +158,13 @@ def deepseek_v4_config(data: dict[str, Any], base: dict[str, Any], source: str) 
 
 
 def fp8_block(data: dict[str, Any], source: str) -> tuple[int, int]:
+    """quantization_config.weight_block_size (FP8 scales' tiles); experts of another dtype (`expert_dtype`, which
+    DeepseekV4Config moves into quantization_config) are refused."""
     quant = data.get("quantization_config") or {}
+    experts = quant.get("expert_dtype", data.get("expert_dtype")) if isinstance(quant, dict) else None
+    if experts not in (None, "fp8", "bf16", "bfloat16"):
+        raise DFlashError(f"{source}: quantization_config.expert_dtype {experts!r} is not read (FP8 block-scaled and "
+                          "unquantized experts are)")
     block = quant.get("weight_block_size", [128, 128]) if isinstance(quant, dict) else [128, 128]
     if (not isinstance(block, list | tuple) or len(block) != 2
             or not all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block)):

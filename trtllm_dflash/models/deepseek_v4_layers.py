@@ -16,7 +16,7 @@ from torch import nn
 from ..deepseek_v4_config import CSA, SLIDING, DeepseekV4Config
 from ..moe_config import MoeConfig
 from .attention import AttentionSpec, additive, eager_with_sinks
-from .layers import MLP, RMSNorm, Rotary, rope_attention_scaling, rope_inv_freq
+from .layers import MLP, RMSNorm, Rotary
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -42,11 +42,6 @@ def unweighted_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 class HalfRotary(Rotary):
     """cos, sin [B, T, R / 2] (one angle per interleaved channel pair; DeepseekV4RotaryEmbedding), in `dtype`."""
-
-    def __init__(self, rope, rope_dim: int):
-        self.inv_freq = rope_inv_freq(rope, rope_dim)
-        self.scaling = rope_attention_scaling(rope)
-        self._on_device = {}
 
     def __call__(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         freqs = positions[..., None].float() * self.freqs_on(positions.device)
@@ -114,7 +109,8 @@ class HyperHead(nn.Module):
         return (pre.unsqueeze(-1) * x).sum(dim=2).to(x.dtype)
 
 
-def pooled(kv: torch.Tensor, gate: torch.Tensor, rate: int, dim: int, overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def pooled(kv: torch.Tensor, gate: torch.Tensor, rate: int, dim: int,
+           overlap: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token projections kv, gate [B, L, (2 if overlap) * dim] (position bias added) -> the slots each of the
     L // rate windows pools, kv and gate [B, W, S, dim]. HCA: the window's own tokens (S = rate). CSA (overlap):
     the previous window's first halves (Ca; none before window 0: gate -inf) then its own second halves (Cb)."""
