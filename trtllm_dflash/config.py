@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .deepseek_v4_config import DeepseekV4Config, deepseek_v4_config
 from .errors import DFlashError
 from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, with_defaults
-from .deepseek_v4_config import DeepseekV4Config, deepseek_v4_config
 from .gemma4_config import Gemma4Config, gemma4_config
 from .moe_config import MoeConfig, moe_config
 

@@ -27,7 +27,7 @@ from ..config import TargetConfig
 from ..kv_cache import KVCache, LayerCacheSpec
 from ..parallel import SINGLE, Parallel
 from .attention import ForwardContext
-from .deepseek_v4_layers import (DsAttention, DsRMSNorm, HalfRotary, HashRouter, HyperConnection, HyperHead,
+from .deepseek_v4_layers import (DsAttention, DsRMSNorm, DsRotary, HashRouter, HyperConnection, HyperHead,
                                  LimitedMLP, ScoreRouter, mix)
 from .layers import LMHead, VocabEmbedding
 from .moe import Experts
@@ -92,8 +92,7 @@ class DeepseekV4Target(nn.Module):
         self.model.norm = DsRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.model.hc_head = HyperHead(ds, cfg.hidden_size, cfg.rms_norm_eps)
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tp)
-        self.rotary = {"main": HalfRotary(ds.main_rope, ds.rope_dim), "compress": HalfRotary(ds.compress_rope,
-                                                                                             ds.rope_dim)}
+        self.rotary = DsRotary(ds)
         self.rates = sorted({r for r in (ds.compress_rate(i) for i in range(cfg.num_hidden_layers)) if r})
 
     @property
@@ -117,11 +116,11 @@ class DeepseekV4Target(nn.Module):
     def ropes(self, ctx: ForwardContext, dtype: torch.dtype) -> dict:
         """cos, sin of the queries ("main", "compress": [B, T, R / 2]) and of the entries of each compression rate
         (("entries", rate): [W, R / 2] at positions 0, rate, 2 rate, ... of the longest row's closed windows)."""
-        ropes = {kind: rotary(ctx.positions, dtype) for kind, rotary in self.rotary.items()}
+        ropes = {kind: rotary(ctx.positions, dtype) for kind, rotary in self.rotary.by_kind.items()}
         span = ctx.positions.shape[1] if ctx.prefilling else ctx.kv_len
         for rate in self.rates:
             starts = torch.arange(span // rate, device=ctx.positions.device) * rate
-            ropes[("entries", rate)] = self.rotary["compress"](starts, dtype)
+            ropes[("entries", rate)] = self.rotary.by_kind["compress"](starts, dtype)
         return ropes
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

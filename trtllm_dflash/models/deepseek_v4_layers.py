@@ -48,6 +48,19 @@ class HalfRotary(Rotary):
         return (freqs.cos() * self.scaling).to(dtype), (freqs.sin() * self.scaling).to(dtype)
 
 
+class DsRotary:
+    """The two RoPEs ("main": sliding-only layers; "compress": CSA / HCA layers, their entries and indexer). Not a
+    module, like `Rotary` (step_mode.CompiledPass calls `freqs_on`)."""
+
+    def __init__(self, ds: DeepseekV4Config):
+        self.by_kind = {"main": HalfRotary(ds.main_rope, ds.rope_dim), "compress": HalfRotary(ds.compress_rope,
+                                                                                             ds.rope_dim)}
+
+    def freqs_on(self, device: torch.device) -> None:
+        for rotary in self.by_kind.values():
+            rotary.freqs_on(device)
+
+
 def rope_tail(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [..., D]: its last R channels turned in interleaved pairs by cos, sin [..., R / 2] (broadcast), in fp32
     (apply_rotary_pos_emb of transformers' DeepSeek-V4); the leading D - R pass."""

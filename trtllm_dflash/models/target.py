@@ -12,8 +12,8 @@ from ..kv_cache import KVCache, LayerCacheSpec
 from ..parallel import SINGLE, Parallel
 from ..state_cache import RecurrentState
 from .attention import ForwardContext
-from .gated_delta_net import GatedDeltaNet
 from .deepseek_v4 import DeepseekV4Target
+from .gated_delta_net import GatedDeltaNet
 from .gemma4 import Gemma4Target
 from .layers import MLP, Attention, LMHead, RMSNorm, Rotary, VocabEmbedding
 from .moe import MoE
