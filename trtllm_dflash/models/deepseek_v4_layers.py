@@ -160,7 +160,7 @@ class Pool(nn.Module):
         """tokens [B, L, 2 * width]: `project` of positions 0..L-1 -> entries [B, L // rate, dim]; entry w pools
         positions up to (w + 1) * rate - 1 (later ones read junk past a row's tokens: no query sees them)."""
         kv, gate = tokens.split(self.width, dim=-1)
-        b, w = kv.shape[0], kv.shape[1] // self.rate
+        w = kv.shape[1] // self.rate
         bias = self.position_bias.repeat(w, 1)  # [w * rate, width]: position within its window
         kv, gate = pooled(kv[:, : w * self.rate], gate[:, : w * self.rate] + bias, self.rate, self.dim, self.overlap)
         out = self.kv_norm((kv * gate.softmax(dim=2, dtype=torch.float32).to(kv.dtype)).sum(dim=2))
