@@ -194,7 +194,12 @@ def read_as_transformers(model_type: str, data: dict[str, Any]) -> dict[str, Any
                 return with_defaults(model_type, merged)
     finally:
         hf_logger.level = level
-    return {**data, **{k: v for k, v in read.items() if v is not None or k not in data}}
+    out = {**data, **{k: v for k, v in read.items() if v is not None or k not in data}}
+    # the class's aliases answer as their targets do (DeepseekV4Config.intermediate_size is moe_intermediate_size)
+    for alias, name in getattr(cls, "attribute_map", {}).items():
+        if alias not in out and out.get(name) is not None:
+            out[alias] = out[name]
+    return out
 
 
 def declared_defaults(cls) -> dict[str, Any]:
