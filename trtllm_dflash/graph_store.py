@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import platform
 import tarfile
@@ -151,22 +152,41 @@ class GraphStore:
     def sets(self) -> list[Path]:
         return sorted(p for p in self.root.iterdir() if p.is_dir()) if self.root.is_dir() else []
 
+    def nearest(self, key: dict) -> str:
+        """How the closest stored key differs from `key` (a thread count, a torch version), for the warning."""
+        diffs = []
+        for directory in self.sets():
+            try:
+                stored = self.index(directory)["key"]
+            except ArtefactError:
+                continue
+            diffs.append([f"{k} {stored.get(k)!r} there, {v!r} here" for k, v in key.items() if stored.get(k) != v])
+        return f" (the nearest stored one differs in {', '.join(min(diffs, key=len))})" if diffs else ""
+
     def load(self, key: dict) -> None:
         """Pre-populate this process's compile caches with the set stored for `key`. Raises ArtefactError (nothing
         stored, damaged, foreign); loads nothing then, or only self-keyed cache entries that a graph must match."""
         directory = self.path(key)
         if not directory.is_dir():
-            raise ArtefactError("none stored for this key")
+            raise ArtefactError("none stored for this key" + self.nearest(key))
         problems = self.problems(directory)
         if problems:
             raise ArtefactError("; ".join(problems))
         if self.index(directory)["key"] != key:
             raise ArtefactError(f"{directory.name} was stored for another key")
+        cache_log = logging.getLogger("torch.compiler._cache")  # logs a traceback for bytes it cannot read
+        level = cache_log.level
+        cache_log.setLevel(logging.CRITICAL)
         try:
-            torch.compiler.load_cache_artifacts((directory / GRAPHS).read_bytes())
+            if torch.compiler.load_cache_artifacts((directory / GRAPHS).read_bytes()) is None:
+                raise ArtefactError(f"{directory.name}/{GRAPHS} did not load (torch could not read it)")
             unpack_kernels(directory / KERNELS, inductor_cache_dir())
+        except ArtefactError:
+            raise
         except Exception as exc:  # whatever a damaged pickle raises: the caller compiles instead
             raise ArtefactError(f"{directory.name} did not load ({type(exc).__name__}: {exc})") from None
+        finally:
+            cache_log.setLevel(level)
 
 
 def unpack_kernels(tar_path: Path, cache_dir: Path) -> int:

@@ -126,6 +126,9 @@ def stop_process(proc: subprocess.Popen, grace: float) -> int:
     return proc.returncode
 
 
+READY_TIMEOUT_S = 3600  # a cold start compiles every graph: minutes on a GPU (dflash-build compile stores them)
+
+
 def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None) -> int:
     """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. With `frontend` (FrontendSettings), the
     OpenAI frontend runs beside tritonserver, started once Triton is ready and stopped first (it ends its
@@ -138,7 +141,12 @@ def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend
         stop["requested"] = True
 
     old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    start = time.perf_counter()
+    try:  # ready once the model has loaded its weights and graphs, recorded them and calibrated (triton_model.py)
+        wait_ready(server, timeout=READY_TIMEOUT_S, stopped=lambda: stop["requested"])
+        if not stop["requested"]:
+            print(f"ready: {ends.http_url}/v2/health/ready answers, {time.perf_counter() - start:.1f} s after start",
+                  file=sys.stderr, flush=True)
         if frontend is not None:
             start_openai(server, children, frontend, stop)
         while not stop["requested"] and server.poll() is None and all(c.poll() is None for c in children):
