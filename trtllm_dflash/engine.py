@@ -83,16 +83,21 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
         log = (lambda line: print(f"trtllm_dflash: {line}", file=sys.stderr, flush=True)) if rank == 0 else None
         key = graph_key(manifest, pipeline.generator.device, mode.mode, rank)
         stored = use_stored_graphs(engine_dir, key, device, log)
+    compiled_before = inductor_counts()["compiled"] if mode.compiled else 0
     pipeline.warm_up()  # every rank alike: the first request pays no set-up (a served model's included)
-    pipeline.startup = {"weights_s": weights_s, **pipeline.startup, "graphs": graph_source(mode, stored)}
+    compiled = inductor_counts()["compiled"] - compiled_before if mode.compiled else 0
+    pipeline.startup = {"weights_s": weights_s, **pipeline.startup, "graphs": graph_source(mode, stored, compiled)}
     return pipeline
 
 
-def graph_source(mode: StepMode, stored: bool) -> str:
-    """How the warm-up got its graphs: none (eager), loaded (every graph a stored one) or compiled."""
+def graph_source(mode: StepMode, stored: bool, compiled: int) -> str:
+    """How the warm-up got its graphs: none (eager), loaded (every one from the engine's stored set), compiled (N
+    of them), or from inductor's own cache (an earlier process on this machine compiled them)."""
     if not mode.compiled:
         return "none"
-    return "loaded" if stored and inductor_counts()["compiled"] == 0 else "compiled"
+    if compiled:
+        return f"compiled {compiled}"
+    return "loaded" if stored else "inductor's local cache"
 
 
 def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,

@@ -220,6 +220,7 @@ def use_stored_graphs(engine_dir: Path, key: dict, device: str, log) -> bool:
     except ArtefactError as exc:
         if log:
             hint = BUILD_HINT.format(engine=engine_dir, device=device, mode=key["step_mode"])
+            hint += f" --threads {key['threads']}" if "threads" in key else ""
             log(f"warning: compiled graphs for key {describe(key)}: {exc}; compiling them now (minutes on a GPU): "
                 f"`{hint}` stores them in the engine")
         return False
