@@ -119,17 +119,33 @@ def test_damaged_or_foreign_graphs_fall_back_to_compiling_with_one_warning(engin
     assert "Traceback" not in done.stderr
 
 
-def test_unusable_sets_raise_artefact_error_and_load_nothing(engine, tmp_path):
-    moved = copy(engine, tmp_path)
-    store, directory = GraphStore(moved), only_set(moved)
-    key = json.loads((directory / INDEX).read_text())["key"]
+def write_set(engine_dir: Path, key: dict, graphs: bytes) -> Path:
+    """A stored set by hand (no compilation): graphs.bin, an empty kernels.tar and a manifest that agrees."""
+    directory = GraphStore(engine_dir).path(key)
+    directory.mkdir(parents=True)
+    (directory / GRAPHS).write_bytes(graphs)
+    tarfile.open(directory / KERNELS, "w").close()
+    files = {name: {"sha256": hashlib.sha256((directory / name).read_bytes()).hexdigest(),
+                    "bytes": (directory / name).stat().st_size} for name in (GRAPHS, KERNELS)}
+    (directory / INDEX).write_text(json.dumps({"key": key, "files": files}))
+    return directory
+
+
+def test_unusable_sets_raise_artefact_error_and_load_nothing(tmp_path):
+    """Without a compiled engine: sets written by hand, each unusable in its own way."""
+    key = {"device": "cpu: test", "threads": 1, "step_mode": "compile"}
+    directory = write_set(tmp_path, key, b"not a cache" * 10)  # damaged, with a manifest that agrees with it
+    store = GraphStore(tmp_path)
     with pytest.raises(ArtefactError, match="none stored for this key .*differs in threads 1 there, 7 here"):
         store.load({**key, "threads": 7})
-    (directory / GRAPHS).write_bytes(b"not a cache" * 10)  # damaged, with a manifest that agrees with it
+    with pytest.raises(ArtefactError, match="graphs.bin did not load"):
+        store.load(key)
     index = json.loads((directory / INDEX).read_text())
-    index["files"][GRAPHS] = {"sha256": hashlib.sha256(b"not a cache" * 10).hexdigest(), "bytes": 110}
-    (directory / INDEX).write_text(json.dumps(index))
-    with pytest.raises(ArtefactError, match="did not load"):
+    (directory / INDEX).write_text(json.dumps({**index, "files": {GRAPHS: "?"}}))
+    with pytest.raises(ArtefactError, match="manifest.json unreadable"):
+        store.load(key)
+    (directory / INDEX).write_text(json.dumps({**index, "key": {**key, "threads": 2}}))  # another key's set
+    with pytest.raises(ArtefactError, match="its manifest's key hashes to"):
         store.load(key)
 
 

@@ -127,7 +127,10 @@ class GraphStore:
     def index(self, directory: Path) -> dict:
         try:
             index = json.loads((directory / INDEX).read_text())
-            index["key"], index["files"]  # noqa: B018 (both must be there)
+            files = index["files"]
+            if not isinstance(index["key"], dict) or set(files) != {GRAPHS, KERNELS} or not all(
+                    isinstance(f["sha256"], str) and isinstance(f["bytes"], int) for f in files.values()):
+                raise ValueError("not a key and a sha256 and size for each file")
             return index
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ArtefactError(f"{directory / INDEX} unreadable ({type(exc).__name__}: {exc})") from None
