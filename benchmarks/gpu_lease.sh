@@ -12,6 +12,8 @@
 # - then benchmarks/gpu_session.py for MODES (default cuda-graphs: eager was measured on an H200, see
 #   benchmarks/results/gpu_h200/RUN.md), with a deadline that leaves the last part 100 s, killed (SIGTERM, which
 #   gpu_session.py turns into a record of where its time went) at SECONDS.
+# - GRAPHS=DIR (default OUT_DIR/graphs): the session's compiled graphs, stored there on the first run and loaded
+#   by every later one that has the directory (graph_store.py), so a lease that carries it measures, not compiles.
 # The package is imported from a copy of trtllm_dflash/ with plugins/ inside it, as an install lays it out
 # (PYTHONPATH=. alone lacks trtllm_dflash.plugins), so nothing needs installing and the checkout is untouched;
 # pytest runs as `python3 -P -m pytest`, since -m would put the checkout's own trtllm_dflash/ first.
@@ -35,7 +37,7 @@ if [ "${TESTS:-0}" = 1 ]; then
 fi
 budget=$(left)
 TORCH_LOGS=recompiles timeout "$budget" python3 benchmarks/gpu_session.py --out "$out" --step-modes "${MODES:-cuda-graphs}" \
-    --deadline-s $((budget - 100)) >"$out/session.log" 2>&1
+    --deadline-s $((budget - 100)) --graphs "${GRAPHS:-$out/graphs}" >"$out/session.log" 2>&1
 echo "gpu_session.py: exit $? after $(($(date +%s) - start)) s"
 tail -40 "$out/session.log"
 if [ "${TESTS:-0}" = after ] && [ "$(left)" -ge 100 ]; then

@@ -1,7 +1,7 @@
 """gpu_decode.py and gpu_schedule.py in one process, for a short GPU lease: the Qwen3-8B-shaped pair is built
 once and each step mode compiled once, then measured by both.
 
-    python benchmarks/gpu_session.py --out DIR [--step-modes eager,cuda-graphs] [--deadline-s 330]
+    python benchmarks/gpu_session.py --out DIR [--step-modes eager,cuda-graphs] [--deadline-s 330] [--graphs DIR]
     python benchmarks/gpu_session.py --tiny --device cpu --step-modes eager --out DIR   # a smoke run (CI)
 
 For each step mode in turn: its warm-up, gpu_schedule.py's calibration and schedule (first: a lease that runs
@@ -77,8 +77,11 @@ class Session:
         then its decode rows; a failing part is recorded and ends the mode."""
         try:
             progress(self.started, f"{mode}: warm-up")
+            loaded = self.load_graphs(mode)
             compile_s = gpu_decode.set_mode(self.generator, mode, self.args.device)
-            progress(self.started, f"{mode}: warm-up took {compile_s:.0f} s, {graphs_compiled()} graphs compiled; "
+            self.store_graphs(mode, loaded, compile_s)
+            progress(self.started, f"{mode}: warm-up took {compile_s:.0f} s ({'graphs loaded from ' if loaded else ''}"
+                                   f"{self.args.graphs if loaded else 'compiled'}), {graphs_compiled()} graphs traced; "
                                    "calibration and schedule")
             self.schedule(compile_s, self.out / f"gpu_schedule_{mode}.json")
             if not self.due():
@@ -92,6 +95,33 @@ class Session:
             self.decode["modes"][mode] = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
             self.save()
+
+    def graph_key(self, mode: str) -> dict:
+        from trtllm_dflash.draft_length.calibrate import device_name
+        from trtllm_dflash.graph_store import triton_version
+
+        return {"device": device_name(torch.device(self.args.device)), "torch": torch.__version__,
+                "triton": triton_version(), "shapes": "tiny" if self.args.tiny else "qwen3-8b", "step_mode": mode}
+
+    def load_graphs(self, mode: str) -> bool:
+        """--graphs DIR: a set an earlier run stored (graph_store.py; an engine's are stored the same way)."""
+        from trtllm_dflash.graph_store import ArtefactError, GraphStore
+
+        if not self.args.graphs or mode == "eager":
+            return False
+        try:
+            GraphStore(Path(self.args.graphs)).load(self.graph_key(mode))
+            return True
+        except ArtefactError as exc:
+            progress(self.started, f"{mode}: no stored graphs used ({exc}): compiling")
+            return False
+
+    def store_graphs(self, mode: str, loaded: bool, compile_s: float) -> None:
+        from trtllm_dflash.graph_store import GraphStore, inductor_cache_dir
+
+        if self.args.graphs and mode != "eager" and not loaded:
+            where = GraphStore(Path(self.args.graphs)).save(self.graph_key(mode), inductor_cache_dir(), compile_s)
+            progress(self.started, f"{mode}: graphs stored in {where}")
 
     def schedule(self, compile_s: float, out: Path) -> None:
         """gpu_schedule.py's calibration and schedule for the generator's step mode (already warmed up)."""
@@ -122,6 +152,8 @@ def main() -> None:
     p.add_argument("--tau", type=float, default=gpu_decode.TAU)
     p.add_argument("--deadline-s", type=float, default=float("inf"), help="no part starts after this many seconds")
     p.add_argument("--tiny", action="store_true", help="tiny shapes, float32: a smoke run of the script")
+    p.add_argument("--graphs", help="directory of compiled graphs: loaded when it holds this machine's, else "
+                   "stored there after the warm-up (a later run, or a later lease that carries it, compiles nothing)")
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SystemExit("gpu_session.py: no CUDA device here (use --tiny --device cpu --step-modes eager)")

@@ -1,9 +1,10 @@
-"""MoE (and Gemma 4) plain-decoding step cost on the CPU: this runtime against transformers at the same shapes.
+"""MoE (and Gemma 4, DeepSeek-V4) plain-decoding step cost on the CPU: this runtime against transformers at the
+same shapes.
 
     python benchmarks/moe_step_vs_transformers.py [--threads 1] [--repeats 5] [--batch 8]
-        [--families gpt_oss,qwen3_moe,gemma4,gemma4_moe] [--output results/....json]
+        [--families gpt_oss,qwen3_moe,gemma4,gemma4_moe,deepseek_v4] [--output results/....json]
 
-For each family (gpt-oss, Qwen3-MoE, Gemma 4 dense and MoE) a random transformers model of one fixed shape
+For each family (gpt-oss, Qwen3-MoE, Gemma 4 dense and MoE, DeepSeek-V4) a random transformers model of one fixed shape
 (below) is saved and loaded by both sides in float32. One measurement: batch-8 greedy plain decoding of
 `--new-tokens` tokens after `--prompt-len`-token prompts (longer than the sliding window), timing
 only the decode steps after the prefill:
@@ -42,6 +43,14 @@ COMMON = dict(vocab_size=2048, hidden_size=256, num_hidden_layers=4, num_attenti
 GEMMA4 = dict(intermediate_size=512, sliding_window=64, layer_types=["sliding_attention", "full_attention"] * 2,
               global_head_dim=64, num_global_key_value_heads=1, attention_k_eq_v=True, num_kv_shared_layers=2,
               hidden_size_per_layer_input=16, vocab_size_per_layer_input=2048, final_logit_softcapping=30.0)
+# DeepSeek-V4: HCA (an entry per 32 tokens) and CSA (per 4, the indexer keeping 8) layers with a 64-token window,
+# one K=V head of 64 (16 rope channels), hash-routed experts in layer 0, four hyper-connection streams
+DEEPSEEK_V4 = dict(num_key_value_heads=1, head_dim=64, q_lora_rank=64, partial_rotary_factor=0.25,
+                   moe_intermediate_size=256, n_routed_experts=16, num_experts_per_tok=4, sliding_window=64,
+                   o_groups=4, o_lora_rank=64, index_n_heads=16, index_head_dim=32, index_topk=8,
+                   compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 32},
+                   layer_types=["heavily_compressed_attention", "compressed_sparse_attention"] * 2,
+                   mlp_layer_types=["hash_moe", "moe", "moe", "moe"])
 SHAPES = {  # family -> (model_type, shape beside COMMON)
     "gpt_oss": ("gpt_oss", dict(intermediate_size=256, num_local_experts=16, num_experts_per_tok=4, sliding_window=64)),
     "qwen3_moe": ("qwen3_moe", dict(intermediate_size=512, moe_intermediate_size=256, num_experts=16,
@@ -49,6 +58,7 @@ SHAPES = {  # family -> (model_type, shape beside COMMON)
     "gemma4": ("gemma4_text", GEMMA4),
     "gemma4_moe": ("gemma4_text", dict(GEMMA4, enable_moe_block=True, num_experts=16, top_k_experts=4,
                                        moe_intermediate_size=256)),
+    "deepseek_v4": ("deepseek_v4", DEEPSEEK_V4),
 }
 
 
@@ -57,7 +67,7 @@ def make_model(kind: str, path: Path):
 
     torch.manual_seed(0)
     model_type, shape = SHAPES[kind]
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **COMMON, **shape))
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(model_type, **{**COMMON, **shape}))
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:

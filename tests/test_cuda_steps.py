@@ -43,14 +43,27 @@ def oracle_outputs(pair, prompts):
     return outputs
 
 
+@pytest.fixture(scope="module")
+def pipelines(pair):
+    """One pipeline per step mode for the module: each mode's graphs compiled (or loaded) once per run."""
+    loaded = {}
+
+    def get(mode: str):
+        if mode not in loaded:
+            loaded[mode] = load_pipeline(*pair, device="cuda", step_mode=mode)
+        return loaded[mode]
+
+    return get
+
+
 def cudagraph_skips() -> int:
     return torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_greedy_output_on_the_gpu_is_the_targets_in_every_step_mode(pair, prompts, oracle_outputs, mode):
+def test_greedy_output_on_the_gpu_is_the_targets_in_every_step_mode(pipelines, prompts, oracle_outputs, mode):
     skips = cudagraph_skips()
-    generator = load_pipeline(*pair, device="cuda", step_mode=mode).generator
+    generator = pipelines(mode).generator
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     generator.policy = Cycle()
     generator.allocate(3, 128, generator.block)
@@ -70,8 +83,8 @@ def test_greedy_output_on_the_gpu_is_the_targets_in_every_step_mode(pair, prompt
 
 
 @pytest.mark.parametrize("mode", ("eager", "cuda-graphs"))
-def test_a_decode_step_synchronises_once(pair, prompts, mode):
-    generator = load_pipeline(*pair, device="cuda", step_mode=mode).generator
+def test_a_decode_step_synchronises_once(pipelines, prompts, mode):
+    generator = pipelines(mode).generator
     generator.allocate(2, 128, generator.block)
     generator.admit([Request(tuple(p), 40, ignore_eos=True) for p in prompts[1:3]])
     for k in (0, 15, 3):  # each kind of step once before counting (first calls may allocate)

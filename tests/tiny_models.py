@@ -208,3 +208,45 @@ def make_hf_gemma4(path: Path, layout: str = "text", moe: bool = False, seed: in
     model.config._attn_implementation = "eager"
     model.eval().save_pretrained(path)
     return model
+
+
+# DeepSeek-V4: HCA (4 tokens an entry), CSA (2 tokens an entry, overlapping windows; an indexer of 16 heads keeping
+# 2 entries) and sliding-only layers, all with a 6-token window; hash-routed experts in layer 0, score-routed after;
+# two hyper-connection streams. Few indexer heads make exact ties (every head's ReLU zero), which torch.topk breaks
+# by the number of entries scored: transformers' own cached and uncached passes then disagree.
+DEEPSEEK_V4 = dict(vocab_size=VOCAB, hidden_size=32, moe_intermediate_size=16, num_hidden_layers=4,
+                   num_attention_heads=4, head_dim=16, q_lora_rank=12, partial_rotary_factor=0.5,
+                   num_experts_per_tok=2, n_routed_experts=4, sliding_window=6, o_groups=2, o_lora_rank=8,
+                   index_n_heads=16, index_head_dim=12, index_topk=2,
+                   compress_rates={"compressed_sparse_attention": 2, "heavily_compressed_attention": 4},
+                   layer_types=["heavily_compressed_attention", "compressed_sparse_attention", "sliding_attention",
+                                "compressed_sparse_attention"],
+                   mlp_layer_types=["hash_moe", "moe", "moe", "moe"], hc_mult=2, hc_sinkhorn_iters=5,
+                   max_position_embeddings=256, eos_token_id=1, pad_token_id=0, bos_token_id=2)
+
+
+def make_hf_deepseek_v4(path: Path, seed: int = 0, **overrides):
+    """Save a random transformers DeepseekV4ForCausalLM (the oracle) and return it in eval mode, float32: every
+    weight off its init (sinks, position biases, hyper-connection scales included), tid2eid a random choice of
+    distinct experts per token, the score router's correction bias random."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    model = tf.DeepseekV4ForCausalLM(tf.DeepseekV4Config(**{**DEEPSEEK_V4, **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() >= 2 or "experts" in name:
+                p.normal_(0, 0.2)
+            elif "norm" in name:
+                p.add_(0.1 * torch.randn_like(p))
+            else:
+                p.normal_(0, 0.3)
+        experts, k = model.config.n_routed_experts, model.config.num_experts_per_tok
+        for name, t in model.named_buffers():
+            if name.endswith("tid2eid"):
+                t.copy_(torch.stack([torch.randperm(experts)[:k] for _ in range(t.shape[0])]))
+            elif name.endswith("e_score_correction_bias"):
+                t.normal_(0, 0.1)
+    model.config._attn_implementation = "eager"
+    model.eval().save_pretrained(path)
+    return model

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .config import HYBRID_TARGETS, TargetConfig
+from .deepseek_v4_checkpoint import deepseek_v4_tensors
 from .errors import DFlashError
 from .mxfp4 import dequantize
 
@@ -50,7 +51,7 @@ def target_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor], source: 
     """A checkpoint's tensors under the target model's names: tied LM head dropped, a multimodal
     checkpoint's language model taken alone, Qwen3-Next's fused projections in Qwen3.5's layout, MoE
     experts stacked (and MXFP4 ones dequantised)."""
-    if cfg.quant_method not in RUNTIME_QUANT_METHODS:
+    if cfg.quant_method not in RUNTIME_QUANT_METHODS and not (cfg.deepseek_v4 and cfg.quant_method == "fp8"):
         raise DFlashError(f"{source}: the torch runtime loads unquantized or MXFP4 checkpoints, this one is quantized "
                           f"with {cfg.quant_method!r} (serve it with --backend trtllm)")
     if cfg.model_type in HYBRID_TARGETS:
@@ -59,7 +60,9 @@ def target_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor], source: 
         tensors = gemma4_tensors(cfg, language_model(tensors, GEMMA4_NOT_THE_LANGUAGE_MODEL))
     if cfg.linear_attention is not None and cfg.linear_attention.fused_qkvz:
         tensors = unfuse_qkvz(cfg, tensors)
-    if cfg.moe is not None:
+    if cfg.deepseek_v4 is not None:
+        tensors = deepseek_v4_tensors(cfg, tensors, cfg.deepseek_v4.fp8_block)
+    elif cfg.moe is not None:
         tensors = moe_tensors(cfg, tensors)
     skip = tied_weights(cfg)
     return {k: v for k, v in tensors.items() if k not in skip}

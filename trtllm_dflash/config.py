@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .deepseek_v4_config import DeepseekV4Config, deepseek_v4_config
 from .errors import DFlashError
 from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, read_as_transformers, with_defaults
 from .gemma4_config import Gemma4Config, gemma4_config
@@ -233,6 +234,7 @@ class TargetConfig(DecoderConfig):
     moe: MoeConfig | None = None  # experts in the layers moe.layers; None: a dense model
     quant_method: str | None = None  # quantization_config.quant_method of a pre-quantized checkpoint
     gemma4: Gemma4Config | None = None  # Gemma 4's own fields (gemma4_config.py); None: another family
+    deepseek_v4: DeepseekV4Config | None = None  # DeepSeek-V4's own fields (deepseek_v4_config.py)
 
     @property
     def rotary_dim(self) -> int:
@@ -273,7 +275,7 @@ class TargetConfig(DecoderConfig):
         if model_type in HYBRID_TARGETS and text.get("use_sliding_window"):
             raise DFlashError(f"{source}: sliding-window {model_type} targets are not supported (use_sliding_window=true)")
         base = DecoderConfig.fields_from(text, source, qk_norm=family.qk_norm, model_type=model_type,
-                                         partial_rotary=model_type in HYBRID_TARGETS)
+                                         partial_rotary=model_type in (*HYBRID_TARGETS, "deepseek_v4"))
         if model_type in HYBRID_TARGETS:
             base.update(hybrid_fields(text, source, model_type))
         return cls(
@@ -287,6 +289,7 @@ class TargetConfig(DecoderConfig):
             moe=moe_config(model_type, text, source, base["num_hidden_layers"]),
             quant_method=_quant_method(text.get("quantization_config"), source),
             gemma4=gemma4_config(text, base, source) if model_type in GEMMA4_TARGETS else None,
+            deepseek_v4=deepseek_v4_config(text, base, source) if model_type == "deepseek_v4" else None,
         )
 
     def is_moe_layer(self, layer: int) -> bool:

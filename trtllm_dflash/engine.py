@@ -11,6 +11,7 @@ import os
 import queue
 import socket
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -23,6 +24,7 @@ from .config import DrafterConfig, TargetConfig, read_config_json
 from .draft_length.settings import AUTO, make_policy
 from .errors import DFlashError
 from .generator import Generator
+from .graph_store import graph_key, inductor_counts, use_stored_graphs
 from .loading import DTYPES, LoadedDrafter, LoadedTarget, drafter_from_tensors, target_from_tensors
 from .parallel import Parallel
 from .pipeline import Pipeline, check_device
@@ -46,10 +48,13 @@ def read_torch_manifest(engine_dir: Path) -> Manifest:
 
 
 def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", decoding: str = "dflash",
-                step_mode: str | None = None) -> Pipeline:
+                step_mode: str | None = None, stored_graphs: bool = True) -> Pipeline:
     """One rank of a torch engine, reading only that rank's weight files. decoding="plain" skips the
     drafter and decodes autoregressively with the target (the baseline a benchmark compares against).
-    step_mode: eager, compile or cuda-graphs (step_mode.py); None: the device's default."""
+    step_mode: eager, compile or cuda-graphs (step_mode.py); None: the device's default. Compiled modes load the
+    graphs `dflash-build compile` stored for this machine (graph_store.py) unless stored_graphs is False; the
+    seconds spent on each part of the start go to `pipeline.startup`."""
+    start = time.perf_counter()
     if decoding not in DECODINGS:
         raise DFlashError(f"unknown decoding {decoding!r} (expected one of {', '.join(DECODINGS)})")
     engine_dir = Path(engine_dir)
@@ -72,8 +77,27 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
         proposer.max_block_size = manifest.block_size  # the engine's block size is the limit
         pipeline = Pipeline(Generator(target, proposer, stops), loaded_target, LoadedDrafter(drafter, d_cfg, d_dir))
     pipeline.generator.set_step_mode(mode)
+    weights_s = time.perf_counter() - start
+    stored = False
+    if mode.compiled and stored_graphs:
+        log = (lambda line: print(f"trtllm_dflash: {line}", file=sys.stderr, flush=True)) if rank == 0 else None
+        key = graph_key(manifest, pipeline.generator.device, mode.mode, rank)
+        stored = use_stored_graphs(engine_dir, key, device, log)
+    compiled_before = inductor_counts()["compiled"] if mode.compiled else 0
     pipeline.warm_up()  # every rank alike: the first request pays no set-up (a served model's included)
+    compiled = inductor_counts()["compiled"] - compiled_before if mode.compiled else 0
+    pipeline.startup = {"weights_s": weights_s, **pipeline.startup, "graphs": graph_source(mode, stored, compiled)}
     return pipeline
+
+
+def graph_source(mode: StepMode, stored: bool, compiled: int) -> str:
+    """How the warm-up got its graphs: none (eager), loaded (every one from the engine's stored set), compiled (N
+    of them), or from inductor's own cache (an earlier process on this machine compiled them)."""
+    if not mode.compiled:
+        return "none"
+    if compiled:
+        return f"compiled {compiled}"
+    return "loaded" if stored else "inductor's local cache"
 
 
 def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,
@@ -120,12 +144,14 @@ def rank_device(device: str, rank: int) -> str:
 
 
 def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device, draft_len, threads=None,
-                step_mode=None) -> list[Result]:
+                step_mode=None, rank_fn=None) -> list[Result]:
+    """rank_fn(engine_dir, rank, device, step_mode): what each rank runs instead of the generation (rank 0's
+    return value is returned), e.g. `dflash-build compile`'s."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(engine_dir), requests, block_size, device,
-                                                  draft_len, threads, step_mode, results), daemon=True)
+                                                  draft_len, threads, step_mode, results, rank_fn), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
@@ -155,11 +181,14 @@ def _collect(results, procs) -> list[Result]:
 
 
 def _rank_main(rank, world, port, engine_dir, requests, block_size, device, draft_len, threads, step_mode,
-               results) -> None:
+               results, rank_fn=None) -> None:
     set_threads(threads, world)
     try:
         join_local_group("nccl" if device.startswith("cuda") else "gloo", rank, world, port)
-        out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, draft_len, step_mode)
+        if rank_fn is not None:
+            out = rank_fn(engine_dir, rank, rank_device(device, rank), step_mode)
+        else:
+            out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, draft_len, step_mode)
         if rank == 0:
             results.put(("ok", out))
     except DFlashError as exc:

@@ -62,6 +62,12 @@ def _gemma4_layout(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] |
     return types, data.get("sliding_window")
 
 
+def _deepseek_v4_layout(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
+    # DeepseekV4Attention: every layer attends to a sliding window (compressed entries of CSA / HCA layers join
+    # it: deepseek_v4_config.py has those kinds)
+    return [SLIDING] * layers, data.get("sliding_window")
+
+
 def _no_sliding(data: dict[str, Any], layers: int) -> tuple[tuple[str, ...] | None, int | None]:
     return [FULL] * layers, None  # LlamaAttention has no sliding window
 
@@ -87,6 +93,20 @@ GEMMA4_TEXT_DEFAULTS = {
     "attention_bias": False, "sliding_window": 512, "final_logit_softcapping": None,
     "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256, "attention_k_eq_v": False,
     "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False,
+}
+
+
+# DeepseekV4Config's class defaults (transformers 5.24); the shared expert's width is moe_intermediate_size
+# (its attribute_map reads intermediate_size from it).
+DEEPSEEK_V4_DEFAULTS = {
+    "vocab_size": 129_280, "hidden_size": 4096, "moe_intermediate_size": 2048, "num_hidden_layers": 43,
+    "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 1024,
+    "num_experts_per_tok": 6, "n_routed_experts": 256, "scoring_func": "sqrtsoftplus",
+    "routed_scaling_factor": 1.5, "max_position_embeddings": 1_048_576, "rope_theta": 10_000.0,
+    "compress_rope_theta": 160_000.0, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0,
+    "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64, "index_head_dim": 128,
+    "index_topk": 512, "rms_norm_eps": 1e-6, "eos_token_id": 1, "tie_word_embeddings": False, "hidden_act": "silu",
+    "attention_bias": False, "mlp_bias": False,
 }
 
 
@@ -125,6 +145,9 @@ FAMILIES = {
                           defaults=GEMMA4_TEXT_DEFAULTS),
     "gemma4": Family("Gemma4ForConditionalGeneration", qk_norm=True, layout=_gemma4_layout, drafter_layout=_as_stored,
                      defaults=GEMMA4_TEXT_DEFAULTS),
+    # DeepSeek-V4 (deepseek_v4_config.py, models/deepseek_v4.py)
+    "deepseek_v4": Family("DeepseekV4ForCausalLM", qk_norm=False, layout=_deepseek_v4_layout,
+                          drafter_layout=_as_stored, defaults=DEEPSEEK_V4_DEFAULTS),
 }
 # A drafter is Qwen3 layers built from the config class its model_type names (vLLM and SGLang load it
 # with AutoConfig); an unknown type is read as Qwen3Config, the reference drafter's config_class.
@@ -139,6 +162,8 @@ def with_defaults(model_type: str, data: dict[str, Any]) -> dict[str, Any]:
     filled = {**fam.defaults, **data}
     if model_type == "gpt_oss" and "rope_parameters" not in data and "rope_scaling" not in data:
         filled["rope_parameters"] = dict(GPT_OSS_ROPE)
+    if model_type == "deepseek_v4":
+        filled.setdefault("intermediate_size", filled["moe_intermediate_size"])
     return filled
 
 
@@ -169,7 +194,12 @@ def read_as_transformers(model_type: str, data: dict[str, Any]) -> dict[str, Any
                 return with_defaults(model_type, merged)
     finally:
         hf_logger.level = level
-    return {**data, **{k: v for k, v in read.items() if v is not None or k not in data}}
+    out = {**data, **{k: v for k, v in read.items() if v is not None or k not in data}}
+    # the class's aliases answer as their targets do (DeepseekV4Config.intermediate_size is moe_intermediate_size)
+    for alias, name in getattr(cls, "attribute_map", {}).items():
+        if alias not in out and out.get(name) is not None:
+            out[alias] = out[name]
+    return out
 
 
 def declared_defaults(cls) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from typing import Any
 from .errors import DFlashError
 
 ROUTINGS = ("softmax_topk", "topk_softmax")
-ACTIVATIONS = ("silu", "clamped_swiglu", "gelu_tanh")
+ACTIVATIONS = ("silu", "clamped_swiglu", "gelu_tanh", "limited_silu")
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class MoeConfig:
     # "silu": silu(gate) * up. "clamped_swiglu" (GptOssExperts._apply_gate): gate clamped above at
     # swiglu_limit, up to [-limit, limit], out = (up + 1) * gate * sigmoid(swiglu_alpha * gate).
     # "gelu_tanh": gelu(gate, approximate="tanh") * up (Gemma 4's experts).
+    # "limited_silu" (DeepseekV4Experts._apply_gate): silu(gate clamped above at swiglu_limit) * up in [-limit, limit].
     activation: str = "silu"
     swiglu_limit: float = 7.0
     swiglu_alpha: float = 1.702
@@ -140,6 +141,17 @@ def _gemma4(data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
                      activation="gelu_tanh", layers=tuple(range(layers)))
 
 
+def _deepseek_v4(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
+    # DeepseekV4SparseMoeBlock (transformers 5.24) in every layer: routed experts and one shared expert of
+    # moe_intermediate_size, both with limited SwiGLU; its routers (hash and score) are models/deepseek_v4_layers.py's.
+    experts = _int(data, source, "n_routed_experts")
+    width = _int(data, source, "moe_intermediate_size")
+    return MoeConfig(num_experts=experts, top_k=_top_k(data, source, experts, "num_experts_per_tok"),
+                     intermediate_size=width, activation="limited_silu",
+                     swiglu_limit=_float(data, source, "swiglu_limit", 10.0), shared_expert_intermediate_size=width,
+                     layers=tuple(range(layers)))
+
+
 def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str, default: Any = ...) -> int:
     k = _int(data, source, *keys, default=default)
     if k > experts:
@@ -149,7 +161,7 @@ def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str, default:
 
 MOE_FAMILIES = {"gpt_oss": _gpt_oss, "qwen3_moe": _qwen3_moe, "qwen3_5_moe": _qwen3_5_moe,
                 "qwen3_5_moe_text": _qwen3_5_moe, "qwen3_next": _qwen3_next, "gemma4": _gemma4,
-                "gemma4_text": _gemma4}
+                "gemma4_text": _gemma4, "deepseek_v4": _deepseek_v4}
 
 
 def moe_config(model_type: str, data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -10,6 +12,7 @@ import torch
 from .draft_length.policy import FixedDraftLen
 from .errors import DFlashError
 from .generator import Generator
+from .graph_store import recording_timer
 from .loading import LoadedDrafter, LoadedTarget, load_drafter, load_target
 from .pairing import validate_pair
 from .request import Request
@@ -22,6 +25,7 @@ class Pipeline:
     generator: Generator
     target: LoadedTarget
     drafter: LoadedDrafter | None
+    startup: dict = field(default_factory=dict)  # seconds per part of the load (engine.load_engine, warm_up)
 
     @property
     def tokenizer(self):
@@ -35,12 +39,16 @@ class Pipeline:
         every graph here (`step_mode.compile_step_shapes`)."""
         g = self.generator
         policy, g.policy = g.policy, FixedDraftLen()
+        start = time.perf_counter()
         try:  # prompt 2 tokens, then prefill + one full drafting step (block + 1 tokens at most)
-            g.generate([Request((0, 0), g.block + 1, ignore_eos=True)])
-            if g.step_mode.compiled:
-                compile_step_shapes(g)
+            with recording_timer() if g.step_mode.graphs else nullcontext([0.0]) as recording:
+                g.generate([Request((0, 0), g.block + 1, ignore_eos=True)])
+                if g.step_mode.compiled:
+                    compile_step_shapes(g)
         finally:
             g.policy = policy
+        # graphs: tracing plus compiling (or loading) them; CUDA-graph recording apart
+        self.startup.update(graphs_s=time.perf_counter() - start - recording[0], cuda_graphs_s=recording[0])
 
 
 def load_pipeline(target: str | Path, drafter: str | Path | None = None, dtype: torch.dtype = torch.float32,

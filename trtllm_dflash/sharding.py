@@ -4,7 +4,8 @@ A shard holds exactly the tensors, names and shapes of the rank's model built wi
 `Parallel(rank, world)`, so loading it is the ordinary name-and-shape-checked assignment.
 MoE experts (models/moe.py) are split inside each expert like the dense MLP: `experts.w13`
 [E, H, gate | up] by columns of each half, `experts.w2` [E, I, H] by rows of I; routers are
-replicated; gpt-oss attention sinks [H] follow their query heads.
+replicated; gpt-oss attention sinks [H] follow their query heads. DeepSeek-V4's attention (one K=V head, its
+compressors and indexer) is replicated, as transformers' tp plan has it; its experts and shared expert split.
 """
 
 from __future__ import annotations
@@ -30,9 +31,11 @@ EXPERTS = {".experts.w13": "halves", ".experts.w13_bias": "halves", ".experts.w2
 LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
-def _kind(name: str) -> str:
+def _kind(name: str, cfg: DecoderConfig) -> str:
     if name in VOCAB:
         return "vocab"
+    if ".self_attn." in name and getattr(cfg, "deepseek_v4", None) is not None:
+        return "replicated"
     if name.endswith(PER_HEAD):
         return "column"
     for suffix, kind in EXPERTS.items():
@@ -59,7 +62,7 @@ def _qkv_parts(cfg: DecoderConfig) -> list[int]:
 def shard_tensor(name: str, t: torch.Tensor, cfg: DecoderConfig, rank: int, world: int) -> torch.Tensor:
     if world == 1:
         return t
-    kind = _kind(name)
+    kind = _kind(name, cfg)
     if kind == "vocab":
         padded = torch.cat([t, t.new_zeros(padded_vocab(t.shape[0], world) - t.shape[0], *t.shape[1:])])
         return padded.chunk(world, dim=0)[rank].clone()
@@ -96,7 +99,7 @@ def unshard_state(shards: list[dict[str, torch.Tensor]], cfg: DecoderConfig, voc
     full = {}
     for name in shards[0]:
         parts = [s[name] for s in shards]
-        kind = _kind(name)
+        kind = _kind(name, cfg)
         if kind == "vocab":
             full[name] = torch.cat(parts)[:vocab_size]
         elif kind == "column":

@@ -18,6 +18,8 @@
   addresses (every replay writes them in place); tensors kept past a step are copied out of the graphs'
   memory, which the next replay reuses. Prefill is compiled as in compile mode, without CUDA graphs: prompt
   lengths vary too much for a graph each.
+Compiled modes load the graphs `dflash-build compile` stored in the engine for this machine instead of compiling
+them (graph_store.py, docs/compiled-engines.md); the warm-up then traces and records, and compiles nothing.
 Every mode computes the same function; greedy output stays equal to the target's (tests compare the
 compiled and padded steps against transformers on the CPU, where `torch.compile` runs too). The
 CUDA-graph recording itself is inductor's and runs only on a GPU: not exercised on a CPU.

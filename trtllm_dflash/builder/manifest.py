@@ -13,6 +13,7 @@ from ..errors import DFlashError
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 RUNTIME_CACHE = "calibration"  # step-cost models measured where the engine runs: not part of the build
+GRAPH_STORE = "compiled"  # step graphs compiled where the engine runs (graph_store.py): not part of the build
 
 
 def sha256_file(path: Path) -> str:
@@ -78,6 +79,6 @@ class Manifest:
             elif sha256_file(path) != digest:
                 problems.append(f"checksum mismatch for {rel}")
         extra = {str(p.relative_to(engine_dir)) for p in Path(engine_dir).rglob("*")
-                 if p.is_file() and p.relative_to(engine_dir).parts[0] != RUNTIME_CACHE}
+                 if p.is_file() and p.relative_to(engine_dir).parts[0] not in (RUNTIME_CACHE, GRAPH_STORE)}
         problems += [f"unlisted file {rel}" for rel in sorted(extra - set(self.files) - {MANIFEST})]
         return problems

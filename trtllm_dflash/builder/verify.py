@@ -33,6 +33,11 @@ def verify_engine(engine_dir: str | Path) -> tuple[bool, list[str]]:
     except DFlashError as exc:
         problems.append(str(exc))
         lines.append(f"FAIL {exc}")
+    if manifest.backend == "torch":
+        from ..graph_store import verify_lines
+
+        graph_lines, graph_problems = verify_lines(engine_dir)
+        lines, problems = lines + graph_lines, problems + graph_problems
     lines.append("engine OK" if not problems else f"engine BROKEN ({len(problems)} problem(s))")
     return not problems, lines
 

@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Build a DFlash engine directory from a target and its drafter. "
                                 "Also: 'dflash-build inspect ENGINE_DIR [--json]', 'dflash-build verify ENGINE_DIR', "
                                 "'dflash-build calibrate ENGINE_DIR' (this machine's step cost, for --draft-len auto), "
+                                "'dflash-build compile ENGINE_DIR' (this machine's step graphs, stored in the engine), "
                                 "'dflash-build options ENGINE_DIR' (a trtllm engine's options, paths absolute).")
     p.add_argument("--config", help="YAML file with the same settings (flags override it)")
     p.add_argument("--target", help="target model directory, hub id, or 'builtin'")
@@ -109,6 +110,10 @@ def run_inspect(argv: list[str]) -> int:
     print(f"files        {len(m.files)}; built with: {m.build_command}")
     for key, value in m.backend_details.items():
         print(f"{key:<12} {value}")
+    if m.backend == "torch":
+        from ..graph_store import inspect_lines
+
+        print("\n".join(inspect_lines(args.engine_dir)))
     return 0
 
 
@@ -165,6 +170,34 @@ def run_calibrate(argv: list[str]) -> int:
     return 0
 
 
+def run_compile(argv: list[str]) -> int:
+    from ..builder.compile_graphs import compile_engine
+    from ..engine import read_torch_manifest
+    from ..threads import set_threads
+
+    p = argparse.ArgumentParser(prog=f"{PROG} compile", description="Compile every step graph a torch engine's "
+                                "server runs on this machine (prefill, each batch bucket, the drafter; every "
+                                "tensor-parallel rank) and store them in ENGINE_DIR/compiled/ under this machine's "
+                                "key, where dflash-serve and dflash-generate --engine load them instead of compiling. "
+                                "Also calibrates the step cost for the same key when the engine has none.")
+    p.add_argument("engine_dir")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    p.add_argument("--step-mode", default="auto", help="compile or cuda-graphs, as the engine will be run (default "
+                   "auto: cuda-graphs on CUDA, compile on a CPU)")
+    p.add_argument("--threads", type=int, help="torch threads, as the engine will run (a CPU key; default: "
+                   "dflash-serve's and dflash-generate's, the cores this process may use, at most 8)")
+    p.add_argument("--no-calibrate", action="store_true", help="skip the step-cost calibration")
+    args = p.parse_args(argv)
+    set_threads(args.threads, read_torch_manifest(args.engine_dir).tp_size)
+    mode = args.step_mode
+    if mode == "auto" and not args.device.startswith("cuda"):
+        mode = "compile"  # a CPU's auto is eager, which has nothing to compile
+    for where in compile_engine(args.engine_dir, args.device, mode, not args.no_calibrate,
+                                log=lambda line: print(f"{PROG}: {line}", file=sys.stderr, flush=True)):
+        print(f"compiled graphs: {where}")
+    return 0
+
+
 def cost_table(model) -> str:
     """Milliseconds per step: one block per context, a row per batch size, a column per draft length."""
     lines = []
@@ -205,7 +238,8 @@ def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    commands = {"inspect": run_inspect, "verify": run_verify, "calibrate": run_calibrate, "options": run_options}
+    commands = {"inspect": run_inspect, "verify": run_verify, "calibrate": run_calibrate, "options": run_options,
+                "compile": run_compile}
     if argv and argv[0] in commands:
         return run_cli(PROG, lambda: commands[argv[0]](argv[1:]))
     return run_cli(PROG, lambda: run_build(argv))

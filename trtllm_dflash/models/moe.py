@@ -90,6 +90,8 @@ class Experts(nn.Module):
             return F.silu(gate) * up
         if cfg.activation == "gelu_tanh":
             return F.gelu(gate, approximate="tanh") * up
+        if cfg.activation == "limited_silu":
+            return F.silu(gate.clamp(max=cfg.swiglu_limit)) * up.clamp(-cfg.swiglu_limit, cfg.swiglu_limit)
         gate = gate.clamp(max=cfg.swiglu_limit)
         up = up.clamp(-cfg.swiglu_limit, cfg.swiglu_limit)
         return (up + 1) * gate * torch.sigmoid(gate * cfg.swiglu_alpha)

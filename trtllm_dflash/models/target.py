@@ -12,6 +12,7 @@ from ..kv_cache import KVCache, LayerCacheSpec
 from ..parallel import SINGLE, Parallel
 from ..state_cache import RecurrentState
 from .attention import ForwardContext
+from .deepseek_v4 import DeepseekV4Target
 from .gated_delta_net import GatedDeltaNet
 from .gemma4 import Gemma4Target
 from .layers import MLP, Attention, LMHead, RMSNorm, Rotary, VocabEmbedding
@@ -154,7 +155,10 @@ class TargetModel(nn.Module):
 
 
 def build_target(cfg: TargetConfig, tp: Parallel = SINGLE) -> nn.Module:
-    """The target model of cfg's family: Gemma 4's own (models/gemma4.py), or TargetModel."""
+    """The target model of cfg's family: Gemma 4's or DeepSeek-V4's own (models/gemma4.py, deepseek_v4.py), or
+    TargetModel."""
     if cfg.gemma4 is not None:
         return Gemma4Target(cfg, tp)
+    if cfg.deepseek_v4 is not None:
+        return DeepseekV4Target(cfg, tp)
     return TargetModel(cfg, tp)

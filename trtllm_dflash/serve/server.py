@@ -158,9 +158,10 @@ def stop_process(proc: subprocess.Popen, grace: float) -> int:
 
 def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None, ready_line: str = "") -> int:
     """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. `ready_line` goes to stderr once Triton answers
-    ready (the model loaded and calibrated), not before. With `frontend` (FrontendSettings), the OpenAI frontend
-    runs beside tritonserver, started once Triton is ready and stopped first (it ends its streams while Triton
-    still answers); when either child dies, the other is stopped too."""
+    ready (the model loaded its weights and graphs, recorded them and calibrated: triton_model.py), not before,
+    with the seconds since start. With `frontend` (FrontendSettings), the OpenAI frontend runs beside
+    tritonserver, started once Triton is ready and stopped first (it ends its streams while Triton still
+    answers); when either child dies, the other is stopped too."""
     server = start_server(install, repo, ends)
     children: list[subprocess.Popen] = []  # the frontend, once started
     stop = {"requested": False}
@@ -169,10 +170,14 @@ def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend
         stop["requested"] = True
 
     old = {s: signal.signal(s, request_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    start = time.perf_counter()
     try:
         wait_ready(server, timeout=float("inf"), stopped=lambda: stop["requested"])  # loading has no time limit
-        if ready_line and not stop["requested"]:
-            print(ready_line, file=sys.stderr, flush=True)
+        if not stop["requested"]:
+            print(f"ready: {ends.http_url}/v2/health/ready answers, {time.perf_counter() - start:.1f} s after start",
+                  file=sys.stderr, flush=True)
+            if ready_line:
+                print(ready_line, file=sys.stderr, flush=True)
         if frontend is not None:
             start_openai(server, children, frontend, stop)
         while not stop["requested"] and server.poll() is None and all(c.poll() is None for c in children):

@@ -11,6 +11,7 @@ import json
 import locale
 import os
 import sys
+import time
 from concurrent.futures import wait
 from pathlib import Path
 
@@ -114,6 +115,13 @@ def utf8_text_locale() -> None:
               file=sys.stderr, flush=True)
 
 
+def startup_line(startup: dict) -> str:
+    """Seconds per part of the model's start (engine.load_engine's `startup`, plus calibration)."""
+    return (f"dflash: start-up: weights {startup['weights_s']:.1f} s, graphs {startup['graphs_s']:.1f} s "
+            f"({startup['graphs']}), CUDA-graph recording {startup['cuda_graphs_s']:.1f} s, calibration "
+            f"{startup['calibration_s']:.1f} s")
+
+
 class TritonPythonModel:
     def initialize(self, args):
         utf8_text_locale()
@@ -127,8 +135,11 @@ class TritonPythonModel:
             lambda: self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash"),
                               params.get("step_mode")))
         # before the loop allocates: the cost-based policy calibrates (or reads its cache) then
+        start = time.perf_counter()
         generator.policy = make_policy(params.get("draft_len"), generator.block - 1, Path(params["engine_dir"]),
                                        log=lambda line: print(f"dflash: {line}", file=sys.stderr, flush=True))
+        print(startup_line({**self.startup, "calibration_s": time.perf_counter() - start}), file=sys.stderr,
+              flush=True)
         self.max_tokens_limit = int(params["max_seq_len"])
         self.metrics = self.make_metrics(generator.block - 1)
         self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
@@ -147,6 +158,7 @@ class TritonPythonModel:
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
             pipeline = load_engine(engine_dir, device=device, decoding=decoding, step_mode=step_mode)
+            self.startup = pipeline.startup
             return pipeline.generator, pipeline.tokenizer
         from ..rendezvous import join_local_group, listen_loopback
         from .lockstep import LockstepGenerator, spawn_workers
@@ -156,6 +168,7 @@ class TritonPythonModel:
         self.workers = spawn_workers(engine_dir, tp, port, decoding)
         join_local_group("gloo", 0, tp, port, listener)
         pipeline = load_engine(engine_dir, rank=0, decoding=decoding)
+        self.startup = pipeline.startup
         g = pipeline.generator
         return LockstepGenerator(g.target, g.proposer, g.default_stop_ids), pipeline.tokenizer
 
