@@ -140,8 +140,8 @@ class DFlashProposer(Proposer):
         self.flush()  # the drafter attends to every committed token's context K/V
         # The whole block is drafted and the first num_drafts kept: the drafter was trained on full blocks of mask
         # tokens, and a shorter block drafts worse early tokens (built-in pair, batch 1, accepted drafts per step:
-        # k=1 0.65 -> 0.74, k=2 1.09 -> 1.24, k=4 1.74 -> 1.86, k=8 2.31 -> 2.39). The pass costs what a
-        # full block's does; the calibration times it so (it times `Generator.step(k)`).
+        # k=1 0.69 -> 0.78, k=2 1.17 -> 1.36, k=4 2.00 -> 2.12, k=8 2.85 -> 2.92; draft_len_batch1.py --blocks).
+        # The pass costs what a whole block's does; the calibration times it so (it times `Generator.step(k)`).
         anchors, block_size = batch.anchors, max(num_drafts + 1, batch.block)
         block = anchors[:, None].repeat(1, block_size)
         block[:, 1:] = self.mask_token_id
