@@ -1,6 +1,6 @@
 """Served output tokens/s, DFlash / plain decoding, with the real tritonserver, on the built-in pair.
 
-    python benchmarks/serve_dflash_vs_plain.py [--repeats 3] [--threads 2] [--draft-len auto] [--requests-per-slot 6]
+    python benchmarks/serve_dflash_vs_plain.py [--repeats 3] [--threads 2] [--draft-len auto[,15]] [--requests-per-slot 6]
                                                [--warmup 0] [--contexts short,1024] [--quick] [--output FILE]
 
 A float32 torch engine of the built-in pair (trtllm_dflash/pairs/stdlib: 6-layer target, 2-layer
@@ -27,6 +27,8 @@ server's acceptance statistics and newcomer back-off have data; a fresh server's
 prompt length probe the drafter), not its first requests. 0 (the default) times a fresh server's first ones.
 --contexts: which prompt sets run (default both; `--contexts 1024` runs only the 1024-token points, and warms
 up on them only).
+--draft-len auto,15: one DFlash server per value, every point on each, and each server's ratio over the best of
+the others too ("over_best": auto against the better of plain and a fixed draft length, per repeat).
 --control: the "dflash" server serves plain decoding too, so the ratio compares two equal servers: what this
 machine's spread makes of parity.
 Writes benchmarks/results/serve_dflash_vs_plain.json (or --output) and prints a table last.
@@ -169,28 +171,36 @@ def warm_up(url: str, prompts: dict, per_context: int) -> None:
             post(url, {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS, "sampling_param_ignore_eos": True})
 
 
+def server_names(draft_lens: list[str]) -> list[str]:
+    """"plain", then one DFlash server per --draft-len value ("dflash" alone when there is one)."""
+    return ["plain"] + (["dflash"] if len(draft_lens) == 1 else [f"dflash-{k}" for k in draft_lens])
+
+
 def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
-    """Both servers up (fresh), every point on each of them back to back in alternating order."""
+    """Every server up (fresh), every point on each of them back to back, the order rotating from point to point
+    and between repeats."""
     from trtllm_dflash.serve.server import stop_server
 
-    names = ("plain", "dflash") if rep % 2 == 0 else ("dflash", "plain")
+    names = server_names(args.draft_len)
+    lens = dict(zip(names[1:], args.draft_len))
     servers = {}
     try:
-        for decoding in names:
-            served = "plain" if args.control else decoding  # --control: plain decoding under both names
-            servers[decoding] = serve(engine, root, served, args.draft_len, args.threads, name=decoding)
+        for name in names[rep % len(names):] + names[:rep % len(names)]:
+            served = "plain" if args.control or name == "plain" else "dflash"  # --control: plain under every name
+            servers[name] = serve(engine, root, served, lens.get(name, "auto"), args.threads, name=name)
         for _, ends in servers.values():
             warm_up(f"{ends.http_url}/v2/models/m/generate", prompts, args.warmup)
         rows, points = [], [(context, c) for context in prompts for c in args.concurrency]
         for i, (context, c) in enumerate(points):
-            order = names if i % 2 == 0 else names[::-1]
-            for decoding in order:
-                ends = servers[decoding][1]
+            shift = (i + rep) % len(names)
+            order = names[shift:] + names[:shift]
+            for name in order:
+                ends = servers[name][1]
                 row = run_point(f"{ends.http_url}/v2/models/m/generate", ends.metrics_url, prompts[context], c,
                                 max(4, args.requests_per_slot * c))
-                rows.append({"decoding": decoding, "context": context, **row, "repeat": rep,
-                             "ran_first": decoding == order[0]})
-                print(f"  {decoding:6} context {context:>5} c={c:<3} {row['output_tokens_per_s']:8.1f} tok/s "
+                rows.append({"decoding": name, "context": context, **row, "repeat": rep,
+                             "ran_first": name == order[0]})
+                print(f"  {name:9} context {context:>5} c={c:<3} {row['output_tokens_per_s']:8.1f} tok/s "
                       f"draft len {row['draft_len_mean']}", file=sys.stderr, flush=True)
         return rows
     finally:
@@ -198,23 +208,30 @@ def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
             stop_server(proc)
 
 
-def summarize(rows: list[dict], repeats: int) -> list[dict]:
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "each": values}
+
+
+def summarize(rows: list[dict], repeats: int, names: list[str]) -> list[dict]:
+    """Per point: each DFlash server's tokens/s over plain's per repeat, and (several DFlash servers) over the
+    best of the other servers in the same repeat ("over_best": never slower than plain nor than a fixed length)."""
     table = []
     keys = sorted({(r["context"], r["concurrency"]) for r in rows}, key=lambda k: (k[0] != "short", k[1]))
     for context, c in keys:
-        def at(decoding, rep):
+        def tps(name, rep):
             return next(r for r in rows if (r["decoding"], r["context"], r["concurrency"], r["repeat"]) ==
-                        (decoding, context, c, rep))
-        ratios = [at("dflash", i)["output_tokens_per_s"] / at("plain", i)["output_tokens_per_s"] for i in range(repeats)]
-        dflash = [at("dflash", i) for i in range(repeats)]
-        table.append({"context": context, "concurrency": c, "ratio_median": statistics.median(ratios),
-                      "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
-                      "ratio_quartiles": statistics.quantiles(ratios, n=4) if repeats > 1 else ratios * 3,
-                      "plain_tok_s_median": statistics.median(at("plain", i)["output_tokens_per_s"]
-                                                              for i in range(repeats)),
-                      "dflash_tok_s_median": statistics.median(r["output_tokens_per_s"] for r in dflash),
-                      "draft_len_mean": [r["draft_len_mean"] for r in dflash],
-                      "plain_step_share": [r["plain_step_share"] for r in dflash]})
+                        (name, context, c, rep))["output_tokens_per_s"]
+        entry = {"context": context, "concurrency": c,
+                 "tok_s_median": {n: statistics.median(tps(n, i) for i in range(repeats)) for n in names}}
+        for name in names[1:]:
+            mine = [r for r in rows if (r["decoding"], r["context"], r["concurrency"]) == (name, context, c)]
+            entry[name] = {"over_plain": spread([tps(name, i) / tps("plain", i) for i in range(repeats)]),
+                           "draft_len_mean": [r["draft_len_mean"] for r in mine],
+                           "plain_step_share": [r["plain_step_share"] for r in mine]}
+            if len(names) > 2:
+                entry[name]["over_best"] = spread([tps(name, i) / max(tps(n, i) for n in names if n != name)
+                                                   for i in range(repeats)])
+        table.append(entry)
     return table
 
 
@@ -222,7 +239,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2, help="torch threads of the servers (dflash-serve --threads)")
-    p.add_argument("--draft-len", default="auto", help="the DFlash server's --draft-len")
+    p.add_argument("--draft-len", default="auto",
+                   help="the DFlash server's --draft-len; several, comma-separated (auto,15): one DFlash server each")
     p.add_argument("--concurrency", default="1,4,16")
     p.add_argument("--requests-per-slot", type=int, default=6, help="requests per point = this x concurrency (>= 4)")
     p.add_argument("--warmup", type=int, default=0, help="untimed requests of each context per server before timing")
@@ -234,6 +252,7 @@ def main() -> None:
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
     args.contexts = args.contexts.split(",")
+    args.draft_len = args.draft_len.split(",")
     unknown = [c for c in args.contexts if c not in CONTEXTS]
     if unknown:
         raise SystemExit(f"--contexts: unknown context {unknown[0]!r} (known: {', '.join(CONTEXTS)})")
@@ -254,8 +273,9 @@ def main() -> None:
         for rep in range(args.repeats):
             print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
             rows += run_repeat(engine, root, args, prompts, rep)
-        logs = {d: (root / f"server-{d}.log").read_text()[-4000:] for d in ("plain", "dflash")}
-    table = summarize(rows, args.repeats)
+        names = server_names(args.draft_len)
+        logs = {d: (root / f"server-{d}.log").read_text()[-4000:] for d in names}
+    table = summarize(rows, args.repeats, names)
     record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
                           "python": platform.python_version(), "torch": torch.__version__,
@@ -268,12 +288,14 @@ def main() -> None:
               "table": table, "rows": rows, "server_log_tails": logs}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(record, indent=1) + "\n")
-    print(f"{'context':>7} {'conc':>4} {'plain tok/s':>11} {'dflash tok/s':>12} {'ratio med':>9} "
-          f"{'min':>5} {'max':>5}  draft len (per repeat)")
     for t in table:
-        lens = " ".join("n/a" if v is None else f"{v:.1f}" for v in t["draft_len_mean"])
-        print(f"{t['context']:>7} {t['concurrency']:>4} {t['plain_tok_s_median']:>11.1f} {t['dflash_tok_s_median']:>12.1f} "
-              f"{t['ratio_median']:>9.2f} {t['ratio_min']:>5.2f} {t['ratio_max']:>5.2f}  {lens}")
+        cells = [f"{n} {t['tok_s_median'][n]:.1f} tok/s" for n in names]
+        for n in names[1:]:
+            for what in ("over_plain", "over_best"):
+                if what in t[n]:
+                    r = t[n][what]
+                    cells.append(f"{n} {what} {r['median']:.2f} ({r['min']:.2f}-{r['max']:.2f})")
+        print(f"{t['context']:>5} c={t['concurrency']:<3} " + "; ".join(cells))
     print(f"written: {args.output}")
 
 

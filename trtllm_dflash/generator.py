@@ -289,7 +289,7 @@ class Generator:
         starts, anchors = self.slots.starts[:rows], self.slots.anchors[:rows]
         max_start = max(s.start for s in running)
         sampling = self.slots.sampling.rows(slice(0, rows), params)  # no host lists to copy
-        batch = StepBatch(anchors, starts, max_start, sampling, shapes=self.step_mode.shapes)
+        batch = StepBatch(anchors, starts, max_start, sampling, shapes=self.step_mode.shapes, block=self.block)
         mixed = k > 0 and not all(keeping)  # plain-only rows ride along (see `propose`)
         lengths = self.own_draft_lengths(rows, k, width, mixed)
         drafts, draft_probs = self.draft(batch, running, keeping, k, width - 1, mixed)
@@ -439,7 +439,7 @@ class Generator:
         index = self.drafting_rows(keeping)
         sampling = self.slots.sampling.rows(index, [seq.request.sampling for seq in rows])
         sub = StepBatch(batch.anchors[index], batch.starts[index], max(seq.start for seq in rows), sampling, index,
-                        batch.shapes)
+                        batch.shapes, batch.block)
         own, own_probs = self.proposer.propose(sub, num_drafts)
         drafts = batch.anchors.new_zeros((len(batch.anchors), num_drafts)).index_copy_(0, index, own)
         if own_probs is None:

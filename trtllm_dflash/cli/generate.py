@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
-from ..draft_length.settings import make_policy
+from ..draft_length.settings import checkpoint_cache, make_policy
 from ..errors import DFlashError
 from ..loading import DTYPES, parse_dtype
 from ..pipeline import load_pipeline
@@ -67,8 +67,10 @@ def generate_from_checkpoints(args, sampling: SamplingParams):
     request = Request(prompt_ids(args, pipeline.tokenizer, pipeline.target.path), args.max_new_tokens, sampling,
                       ignore_eos=args.ignore_eos)
     generator = pipeline.generator
+    cache = None if pipeline.drafter is None else checkpoint_cache(pipeline.target.path, pipeline.drafter.path,
+                                                                   args.dtype or "float32")
     generator.policy = make_policy(args.draft_len, generator.block - 1, log=lambda line: print(
-        f"{PROG}: {line}", file=sys.stderr))
+        f"{PROG}: {line}", file=sys.stderr), cache=cache)
     return generator.generate([request], args.block_size)[0], pipeline.tokenizer
 
 

@@ -38,8 +38,9 @@ DRAFT_LENS = (0, 1, 2, 4, 8, 16, 32)  # measured draft lengths (the rest is inte
 PLAIN_LEAD_STEPS = 3  # untimed plain steps before a timed one: a whole-block step slows ~3 after it (below)
 SHORT_CONTEXT = 128
 # how cells are timed: a cached model measured another way is measured again (2: cells after lead steps of
-# their own kind; models cached before carry no procedure and read as 1, whose plain cells ran up to 1.29x high)
-PROCEDURE = 2
+# their own kind; models cached before carry no procedure and read as 1, whose plain cells ran up to 1.29x high;
+# 3: a drafting step of k < block - 1 drafts the whole block (speculative/dflash.py), so it costs what k = 15 does)
+PROCEDURE = 3
 
 
 @dataclass(frozen=True)

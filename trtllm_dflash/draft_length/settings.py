@@ -39,6 +39,17 @@ def engine_cache(engine_dir: Path) -> CalibrationCache:
     return CalibrationCache(Path(engine_dir) / RUNTIME_CACHE, fallback_cache(Path(engine_dir)))
 
 
+def checkpoint_cache(target: Path, drafter: Path, dtype: str) -> CalibrationCache:
+    """Where step-cost models of a target + drafter pair run from their checkpoints (`dflash-generate --target
+    --drafter`) are kept: per pair and dtype (by their paths), under $TRTLLM_DFLASH_CACHE_DIR or the user's cache.
+    Without it every run measured its own model (about 20 s on a CPU), and on a busy machine each run's model, so
+    each run's choices, differed (tau 1.11-3.74 over five identical runs of the built-in pair)."""
+    name = f"{Path(target).resolve()}|{Path(drafter).resolve()}|{dtype}"
+    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
+    root = Path(os.environ[CACHE_DIR_ENV]) if os.environ.get(CACHE_DIR_ENV) else user_cache_home() / "calibration"
+    return CalibrationCache(root / f"pair-{digest}")
+
+
 def calibrate_engine(engine_dir: Path, max_batch: int | None = None, repeats: int = 3,
                      device: str = "cpu", step_mode: str | None = None) -> tuple[CostModel, Path | None]:
     """`dflash-build calibrate`: measure a torch engine's step cost over its whole range (up to its
@@ -61,13 +72,14 @@ def calibrate_engine(engine_dir: Path, max_batch: int | None = None, repeats: in
 
 
 def make_policy(setting: str | int | None, max_draft_len: int, engine_dir: Path | None = None,
-                log=None) -> DraftLenPolicy:
-    """The policy a `--draft-len` value names; errors name the value."""
+                log=None, cache: CalibrationCache | None = None) -> DraftLenPolicy:
+    """The policy a `--draft-len` value names; errors name the value. `auto` keeps its step-cost model in the
+    engine's cache, else in `cache` (checkpoint_cache), else nowhere."""
     setting = AUTO if setting is None else str(setting).strip()
     if setting == AUTO and max_draft_len == 0:  # plain decoding: nothing to choose, nothing to calibrate
         return FixedDraftLen(0)
     if setting == AUTO:
-        cache = engine_cache(Path(engine_dir)) if engine_dir is not None else None
+        cache = engine_cache(Path(engine_dir)) if engine_dir is not None else cache
         return CostBasedDraftLen(calibrator=calibrator(cache, log=log))
     if setting.isdigit():
         if int(setting) > max_draft_len:

@@ -22,6 +22,9 @@ class StepBatch:
     sampling: SamplingBatch
     slots: torch.Tensor | None = None  # [B] long cache slot of each row; None: rows 0..B-1 are slots 0..B-1
     shapes: StepShapes | None = None  # the step mode's padding buckets (key spans rounded up to them)
+    # the run's block (anchor + its most drafts): a proposer that drafts a block at once may draft it whole and
+    # keep the first k (0: the k asked)
+    block: int = 0
 
     def key_span(self, tokens: int) -> int:
         """Keys a cached pass of `tokens` per row reads: every row's context and the tokens (a host int), rounded
