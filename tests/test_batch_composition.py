@@ -11,26 +11,20 @@ mix of plain and drafting steps does not depend on this machine's timing).
 import pytest
 import torch
 
-from oracle import hf_greedy
+from oracle import held_out_ids, hf_greedy
 from trtllm_dflash.draft_length.cost import CostModel
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, FixedDraftLen
-from trtllm_dflash.pairs import held_out_texts, stdlib_pair
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
+from test_draft_length_runtime import pair  # noqa: F401 (the shipped pair, a module fixture)
 
 NEW_TOKENS = 40
 PROMPTS = 16
 
 
 @pytest.fixture(scope="module")
-def pair():
-    return stdlib_pair()
-
-
-@pytest.fixture(scope="module")
 def prompts(pair):
-    tokenizer = load_pipeline(pair[0]).tokenizer
-    return [tuple(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in held_out_texts(PROMPTS)]
+    return [tuple(ids) for ids in held_out_ids(pair[0], PROMPTS)]
 
 
 @pytest.fixture(scope="module")

@@ -15,12 +15,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from host_traffic import host_traffic_of_steps
-from test_hybrid_target import ScriptedProposer
+from test_hybrid_target import ScriptedProposer, scripted_results
 from tiny_models import DEEPSEEK_V4, VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_deepseek_v4, \
     write_drafter
 from trtllm_dflash.config import TargetConfig
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.generator import Generator
 from trtllm_dflash.loading import load_target
 from trtllm_dflash.models.attention import ForwardContext
 from trtllm_dflash.pipeline import load_pipeline
@@ -178,10 +177,7 @@ def test_a_decode_step_reads_the_device_once(dsv4, drafter, monkeypatch):
 def test_every_acceptance_length_stays_exact(dsv4):
     """Drafts right up to a per-row, per-step offset: rows accept different lengths in one step."""
     hf, path, expected = dsv4
-    proposer = ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)])
-    results = Generator(load_target(path).model, proposer).generate(
-        [Request(tuple(p), N, ignore_eos=True) for p in PROMPTS])
-    assert [r.output_ids for r in results] == expected
+    results = scripted_results(path, expected, PROMPTS, N)
     assert len({a for r in results for a in r.acceptance_lengths}) == ScriptedProposer.max_block_size
 
 

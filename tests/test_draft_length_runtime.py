@@ -5,12 +5,12 @@ import itertools
 import pytest
 import torch
 
-from oracle import hf_greedy
+from oracle import held_out_ids, hf_greedy
 from trtllm_dflash.draft_length.calibrate import (PLAIN_LEAD_STEPS, CalibrationCache, CalibrationPlan,
                                                   calibration_key, calibrator, measure)
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.pairs import held_out_texts, stdlib_pair
+from trtllm_dflash.pairs import stdlib_pair
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
 from trtllm_dflash.step_mode import StepMode
@@ -38,8 +38,7 @@ def pair():
 
 @pytest.fixture(scope="module")
 def prompts(pair):
-    tokenizer = load_pipeline(pair[0]).tokenizer
-    return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in held_out_texts(3)]
+    return held_out_ids(pair[0], 3)
 
 
 def test_greedy_output_is_the_targets_at_any_sequence_of_draft_lengths(pair, prompts):

@@ -176,14 +176,19 @@ class ScriptedProposer(Proposer):
 
 
 @text_only
-def scripted_batch(path, expected) -> list[tuple[int, ...]]:
-    """PROMPTS decoded in one batch with ScriptedProposer's acceptance pattern; outputs checked against
-    `expected`; -> the acceptance lengths of each step (one per row)."""
-    proposer = ScriptedProposer([p + e for p, e in zip(PROMPTS, expected)])
+def scripted_results(path, expected, prompts=PROMPTS, new_tokens=NEW) -> list:
+    """`prompts` decoded in one batch with ScriptedProposer's acceptance pattern (any target family); outputs
+    checked against `expected`; -> the results."""
+    proposer = ScriptedProposer([p + e for p, e in zip(prompts, expected)])
     results = Generator(load_target(path).model, proposer).generate(
-        [Request(tuple(p), NEW, ignore_eos=True) for p in PROMPTS])
+        [Request(tuple(p), new_tokens, ignore_eos=True) for p in prompts])
     assert [r.output_ids for r in results] == expected
-    return list(zip(*(r.acceptance_lengths for r in results)))
+    return results
+
+
+def scripted_batch(path, expected) -> list[tuple[int, ...]]:
+    """scripted_results of PROMPTS; -> the acceptance lengths of each step (one per row)."""
+    return list(zip(*(r.acceptance_lengths for r in scripted_results(path, expected))))
 
 
 def test_batch_with_different_acceptance_in_one_step_stays_exact(hybrid):

@@ -28,14 +28,19 @@ def fallback_cache(engine_dir: Path, root: Path | None = None) -> Path:
     return (root or user_cache_home() / "calibration") / digest
 
 
+def chosen_root() -> Path | None:
+    """$TRTLLM_DFLASH_CACHE_DIR: where the user says step-cost models go (None: not set)."""
+    chosen = os.environ.get(CACHE_DIR_ENV)
+    return Path(chosen) if chosen else None
+
+
 def engine_cache(engine_dir: Path) -> CalibrationCache:
     """Where an engine's step-cost models are kept, one cache for dflash-generate, dflash-serve and dflash-build
     calibrate alike (a model's key names the machine: calibrate.calibration_key): under $TRTLLM_DFLASH_CACHE_DIR
     when set; else ENGINE/calibration/ when the engine directory is writable, the user's cache when not (a
     read-only mount)."""
-    chosen = os.environ.get(CACHE_DIR_ENV)
-    if chosen:
-        return CalibrationCache(fallback_cache(Path(engine_dir), Path(chosen)))
+    if chosen_root():
+        return CalibrationCache(fallback_cache(Path(engine_dir), chosen_root()))
     return CalibrationCache(Path(engine_dir) / RUNTIME_CACHE, fallback_cache(Path(engine_dir)))
 
 
@@ -46,8 +51,7 @@ def checkpoint_cache(target: Path, drafter: Path, dtype: str) -> CalibrationCach
     each run's choices, differed (tau 1.11-3.74 over five identical runs of the built-in pair)."""
     name = f"{Path(target).resolve()}|{Path(drafter).resolve()}|{dtype}"
     digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-    root = Path(os.environ[CACHE_DIR_ENV]) if os.environ.get(CACHE_DIR_ENV) else user_cache_home() / "calibration"
-    return CalibrationCache(root / f"pair-{digest}")
+    return CalibrationCache((chosen_root() or user_cache_home() / "calibration") / f"pair-{digest}")
 
 
 def calibrate_engine(engine_dir: Path, max_batch: int | None = None, repeats: int = 3,
