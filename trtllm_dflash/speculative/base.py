@@ -63,8 +63,9 @@ class Proposer(ABC):
     max_block_size: int = 1
 
     @abstractmethod
-    def allocate(self, num_slots: int, capacity: int) -> None:
-        """Set up per-slot state for `num_slots` sequences of at most `capacity` positions."""
+    def allocate(self, num_slots: int, capacity: int, table=None) -> None:
+        """Set up per-slot state for `num_slots` sequences of at most `capacity` positions; table: the block table
+        (kv_cache.BlockTable) its paged caches share with the target's (None: caches of their own)."""
 
     @abstractmethod
     def commit(self, tokens: ContextTokens) -> None:
