@@ -4,6 +4,7 @@ transformers' greedy output (oracle.hf_greedy) and the pool's own accounting."""
 import pytest
 
 from oracle import hf_greedy
+from tiny_models import add_tokenizer, hf_generate, make_hf_hybrid, make_hf_target, write_drafter
 from trtllm_dflash.kv_cache import BLOCK
 from trtllm_dflash.paging import block_hashes
 from trtllm_dflash.pipeline import load_pipeline
@@ -40,10 +41,10 @@ def test_a_tiny_pool_admits_by_blocks_preempts_and_keeps_every_token(hf_target, 
     assert gen.pool.used() == 0  # every block back (cached ones are free too)
 
 
-def test_admission_counts_blocks_not_rows(builtin):
-    gen = load_pipeline(*builtin).generator
-    gen.allocate(4, 256, gen.block, num_blocks=6)
-    request = Request(tuple(range(5, 45)), 8, ignore_eos=True)  # 40 tokens + anchor + block: 4 blocks
+def test_admission_counts_blocks_not_rows(hf_target, random_drafter):
+    gen = load_pipeline(hf_target[1], random_drafter).generator
+    gen.allocate(4, 256, 8, num_blocks=6)
+    request = Request(tuple(range(5, 45)), 8, ignore_eos=True)  # 40 tokens + anchor + block of 8: 4 blocks
     assert gen.admissible([request, request]) == 1
     gen.admit([request])
     assert gen.admissible([request]) == 0 and len(gen.slots.free()) == 3
@@ -93,3 +94,31 @@ def test_chunked_prefill_interleaves_with_decoding_and_keeps_every_token(hf_targ
     results = serve(gen, requests[2:])
     for result, prompt in zip([short.result, staged.result] + results, prompts):
         assert result.output_ids == hf_greedy(hf, prompt, NEW)
+
+
+FAMILIES = {  # kind -> (make the transformers model at path, verify block)
+    "gpt_oss": (lambda path: make_hf_target(path, "gpt_oss", seed=3), 3),  # MoE, sinks, sliding window 6
+    "qwen3_moe": (lambda path: make_hf_target(path, "qwen3_moe", seed=3), 8),
+    "hybrid": (lambda path: make_hf_hybrid(path, "text", seed=4), 4),  # Gated DeltaNet + full attention
+}
+
+
+@pytest.mark.parametrize("kind", list(FAMILIES))
+def test_tiny_pool_and_chunked_prefill_keep_transformers_output(kind, tmp_path, caplog):
+    """Sliding-window, MoE and hybrid targets: prompts prefilled 8 tokens a step, a pool small enough to
+    preempt, prefix caching asked for (refused with one log line where rings or recurrent state are per row);
+    every output equals transformers' greedy generate."""
+    make, block = FAMILIES[kind]
+    hf = make(tmp_path / "target")
+    add_tokenizer(tmp_path / "target")
+    prompts = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
+    expected = [hf_generate(hf, p, 20) for p in prompts]
+    gen = load_pipeline(tmp_path / "target", write_drafter(tmp_path / "drafter", seed=8)).generator
+    gen.max_num_tokens = 8
+    gen.allocate(3, 96, block, num_blocks=6)
+    results = serve(gen, [Request(tuple(p), 20, ignore_eos=True) for p in prompts])
+    assert [r.output_ids for r in results] == expected
+    assert gen.preemptions > 0
+    assert gen.pool.prefix_caching == (kind == "qwen3_moe")
+    if kind != "qwen3_moe":
+        assert "prefix caching is off for this target" in caplog.text

@@ -156,7 +156,8 @@ class Generator:
         self.table = BlockTable(cache_rows, positions, num_blocks, self.device)
         step_tokens = max(block, self.max_num_tokens or 0)  # a chunk is a cached pass too (window rings)
         self.cache = self.target.new_cache(cache_rows, positions, step_tokens, table=self.table)
-        self.proposer.allocate(cache_rows, positions, table=self.table)
+        self.proposer.table = self.table
+        self.proposer.allocate(cache_rows, positions)
         self.pool = BlockPool(self.table, prefix_caching=self.prefix_caching and self.reusable())
         self.step_mode.caches(self.cache.tensors() + self.proposer.tensors())
         self.preempted, self.staged, self.preemptions, self.admitted = [], [], 0, 0
@@ -172,9 +173,10 @@ class Generator:
     def block_bytes(self) -> int:
         """Bytes of one pool block of the target's and the drafter's caches (measured on caches of one block)."""
         target = self.target.new_cache(1, BLOCK - 1)
+        self.proposer.table = None
         self.proposer.allocate(1, BLOCK - 1)
-        drafter = getattr(self.proposer, "cache", None)
-        return target.block_bytes() + (drafter.block_bytes() if drafter is not None else 0)
+        return sum(cache.block_bytes() for cache in (target, getattr(self.proposer, "cache", None))
+                   if hasattr(cache, "block_bytes"))
 
     def pool_stats(self) -> dict[str, int]:
         """The pool's accounting for metrics: blocks in use and in all, prefix-cache hits, preemptions."""
@@ -424,10 +426,13 @@ class Generator:
     def step(self, draft_len: int | None = None) -> list[Sequence]:
         """One speculative step for every running sequence: draft k tokens, verify them, accept a prefix.
 
-        k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
+        Phases: `reserve` (every running request's next blocks, preempting when the pool is full), `resume`
+        (preempted requests, when blocks allow), `advance_prefill` (one chunk of a staged long prompt), then the
+        speculative step. k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
         Rows are the running sequences, which hold slots 0..B-1 (`compact` moves them there when a free slot lies
-        among them), so every cache is read in place; padded steps (CUDA graphs) add free slots as rows.
-        -> the sequences that ran (finished ones have `done` set and have left their slots)."""
+        among them); padded steps (CUDA graphs) add free slots as rows, whose table rows point at the null block.
+        -> the sequences that ran (finished ones have `done` set and have left their slots), and a staged one
+        whose first token finished it."""
         self.reserve()
         self.resume()
         ready = self.advance_prefill()
@@ -749,6 +754,7 @@ class Generator:
             self.staged.remove(seq)
             self.slots.reserved = len(self.staged)
             self.pool.release(seq.slot)
+            self.proposer.release(seq.slot)  # its chunks' deferred context is never written
 
     def vacate(self, slot: int) -> None:
         """The slot is free: its committed length 0, so a padded step's row there writes positions 0.. (a device

@@ -63,15 +63,15 @@ GAUGES = {"running": ("dflash_running_requests", "requests in the running batch"
           "kv_blocks": ("dflash_kv_cache_blocks", f"KV pool blocks in all ({BLOCK} tokens each)")}
 
 
-def kv_pool_bytes(gib: str | None) -> int | None:
+def kv_pool_bytes(gib: str | None, device) -> int | None:
     """--kv-cache-gib, or on a GPU 90 % of the memory free once the model is loaded (vLLM's
     gpu_memory_utilization default); None on a CPU: the generator's default, every slot at max_seq_len."""
     import torch
 
     if gib is not None:
         return int(float(gib) * 2**30)
-    if torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info()[0] * KV_FREE_FRACTION)
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] * KV_FREE_FRACTION)
     return None
 
 
@@ -157,7 +157,8 @@ class TritonPythonModel:
         self.max_tokens_limit = int(params["max_seq_len"])
         generator.prefix_caching = params.get("prefix_caching", "1") == "1"
         generator.max_num_tokens = int(params["max_num_tokens"]) if "max_num_tokens" in params else None
-        generator.kv_cache_bytes = self.torch_thread.call(lambda: kv_pool_bytes(params.get("kv_cache_gib")))
+        generator.kv_cache_bytes = self.torch_thread.call(lambda: kv_pool_bytes(params.get("kv_cache_gib"),
+                                                                                generator.device))
         self.metrics = self.make_metrics(generator.block - 1)
         self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
                                 int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics,

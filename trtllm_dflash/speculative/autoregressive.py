@@ -9,7 +9,7 @@ class AutoregressiveProposer(Proposer):
     capture_layer_ids = ()
     max_block_size = 1
 
-    def allocate(self, num_slots: int, capacity: int, table=None) -> None:
+    def allocate(self, num_slots: int, capacity: int) -> None:
         pass
 
     def commit(self, tokens) -> None:

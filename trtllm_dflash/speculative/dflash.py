@@ -58,8 +58,8 @@ class DFlashProposer(Proposer):
         self.pending_bytes = 0
         self.epochs: list[int] = []  # [S] bumped when a slot's owner ends or stops drafting
 
-    def allocate(self, num_slots: int, capacity: int, table=None) -> None:
-        self.cache = self.drafter.new_cache(num_slots, capacity, table)
+    def allocate(self, num_slots: int, capacity: int) -> None:
+        self.cache = self.drafter.new_cache(num_slots, capacity, self.table)
         self.pending, self.pending_bytes, self.epochs = [], 0, [0] * num_slots
 
     def set_step_mode(self, mode) -> None:
