@@ -83,8 +83,10 @@ class BlockTable:
     def locate(self, rows: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
         """rows [B] or [B, 1], positions [B, T] -> pool block [B, T] long and offset in it [B, T]."""
         rows = rows if rows.dim() == positions.dim() else rows[:, None]
-        # positions past the table (a padded row's junk) read the last column: the null block
-        return self.table[rows, (positions // BLOCK).clamp(max=self.max_blocks)].long(), positions % BLOCK
+        # positions past the table (a padded row's junk) read the last column: the null block. The bound is the
+        # table's shape, not a Python int, so a compiled pass needs no guard on it (a new allocation recompiles nothing)
+        last = self.table.shape[1] - 1
+        return self.table[rows, (positions // BLOCK).clamp(max=last)].long(), positions % BLOCK
 
 
 class FullKV:
