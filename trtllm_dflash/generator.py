@@ -1,14 +1,19 @@
 """The speculative generation loop: prefill, then draft_block -> verify -> accept -> commit.
 
-Requests decode together, each in its own cache slot, at its own positions and with its own
-acceptance. Slots persist across steps, so requests can join between steps (`admit`) and leave
+Requests decode together, each in its own row (slot), at its own positions and with its own
+acceptance. Rows persist across steps, so requests can join between steps (`admit`) and leave
 when finished: `generate()` runs a fixed batch to completion; a server calls `allocate` once, then
 `admit` and `step` as requests arrive (inflight batching). Each step drafts k tokens per request,
 k chosen by the draft-length policy (k = 0: a plain step, the target alone); any k is exact.
+
+Memory is paged (kv_cache.py, paging.py): a request holds pool blocks for the positions it has reached, so
+`max_batch_size` bounds rows, not memory. A request is admitted when the pool can hold its prompt and a first
+step; a running one that cannot grow is preempted (its blocks freed) and recomputed later from its tokens.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -17,14 +22,18 @@ import torch
 
 from .draft_length.policy import BatchView, DraftLenPolicy, FixedDraftLen
 from .errors import DFlashError
+from .kv_cache import BLOCK, BlockTable, blocks_for
 from .models.attention import ForwardContext
 from .models.target import TargetModel
 from .pairing import check_block_size
+from .paging import BlockPool
 from .request import Request, Result
 from .sampling import FIRST, SamplingBatch, SamplingParams, sample, token_probs, uniforms
 from .speculative.accept import accept
 from .speculative.base import ContextTokens, Proposer, StepBatch
 from .step_mode import StepMode
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -40,6 +49,17 @@ class Sequence:
     done: bool = False
     start: int = 0  # committed length on the host: the anchor's position
     drafting: bool = True  # the drafter keeps this request's context; False: plain-only (see Generator.admit)
+    steps: int = 0  # steps run (its random stream's counter, restored when a preempted request resumes)
+    order: int = 0  # admission order: the latest admitted is preempted first
+    prefilled: int = 0  # context positions whose K/V are in its blocks (from the prefix cache, or prefilled)
+
+    def tokens(self) -> list[int]:
+        """The tokens at positions 0..start-1 (the anchor, output_ids[-1], is at position start)."""
+        return (list(self.request.prompt_ids) + self.result.output_ids)[: self.start]
+
+    def context(self) -> list[int]:
+        """What a prefill runs: the prompt, and for a preempted request its output but the anchor (recomputed)."""
+        return list(self.request.prompt_ids) + self.result.output_ids[:-1]
 
 
 @dataclass
@@ -53,9 +73,11 @@ class Slots:
     drafting: torch.Tensor  # [S] bool: the slot's request keeps the drafter's context (Sequence.drafting, on device)
     usable: int  # slots requests may hold, <= S: the rest are padding rows only (see `Generator.allocate`)
     running: dict[int, Sequence] = field(default_factory=dict)
+    reserved: int = 0  # free slots kept for staged (chunked) prefills, which take one when they finish
 
     def free(self) -> list[int]:
-        return [s for s in range(self.usable) if s not in self.running]
+        free = [s for s in range(self.usable) if s not in self.running]
+        return free[: len(free) - self.reserved]
 
 
 class Generator:
@@ -63,8 +85,20 @@ class Generator:
         self.target, self.proposer = target, proposer
         self.default_stop_ids = default_stop_ids
         self.device = target.lm_head.weight.device
-        self.cache = None  # the target's KV cache [L, S, H_kv, capacity, D]
+        self.cache = None  # the target's KV cache (paged: kv_cache.py)
+        self.table: BlockTable | None = None  # the block table the target's and the drafter's caches share
+        self.pool: BlockPool | None = None  # which blocks each row holds (host side)
         self.slots: Slots | None = None
+        self.preempted: list[Sequence] = []  # preempted requests, resumed (recomputed) first when blocks free up
+        self.preemptions = 0
+        self.admitted = 0
+        self.prefix_caching = True  # reuse cached blocks of earlier requests' prefixes (set before `allocate`)
+        self.max_num_tokens: int | None = None  # longer prompts are prefilled in chunks of this many, between steps
+        self.kv_cache_bytes: int | None = None  # the pool's size (None: every slot can reach `capacity`)
+        self.bytes_per_block = 0
+        self.staged: list[Sequence] = []  # long prompts being prefilled in chunks, in the staging row, in order
+        self.staging_row: int | None = None  # the cache row chunked prefills run in (one beyond the slots)
+        self.refused_prefix_reuse = False
         self.block = proposer.max_block_size
         self.capacity = 0
         self.policy: DraftLenPolicy = FixedDraftLen()  # the whole block every step, unless told otherwise
@@ -92,7 +126,7 @@ class Generator:
         capacity = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + block + 1
         self.allocate(len(requests), capacity, block)
         sequences = self.admit(requests)
-        while self.slots.running:
+        while self.slots.running or self.preempted:
             self.step()
         return [s.result for s in sequences]
 
@@ -101,10 +135,11 @@ class Generator:
         return check_block_size(trained if block_size is None else block_size, trained)
 
     @torch.inference_mode(False)
-    def allocate(self, num_slots: int, capacity: int, block: int) -> None:
+    def allocate(self, num_slots: int, capacity: int, block: int, num_blocks: int | None = None) -> None:
         """Caches for `num_slots` sequences of up to `capacity` positions (prompt + output + block). Normal tensors,
         never inference tensors, whether or not the caller is in inference mode (`generate` is): steps update them
         in place either way, and a compiled pass would take the two kinds for different inputs (a recompilation).
+        num_blocks: the pool's blocks of kv_cache.BLOCK positions (None: enough for every slot at `capacity`).
         Compiled steps keep caches of at least 2 slots (the second one unused when num_slots is 1): a size of 1 is
         specialised, so one slot would need graphs of its own; padded steps whose buckets start at 2 rows
         (`StepShapes.min_rows`) keep per-slot state for that spare slot too, which only padding rows use. Padded
@@ -114,9 +149,21 @@ class Generator:
         rows = max(num_slots, shapes.min_rows if shapes is not None else 1)  # per-slot state: usable + spare
         cache_slots = max(rows, 2) if self.step_mode.compiled else rows
         positions = shapes.capacity(capacity) if shapes is not None else capacity  # padded: aligned key spans
-        self.cache = self.target.new_cache(cache_slots, positions, block)
-        self.proposer.allocate(cache_slots, positions)
+        self.bytes_per_block = self.block_bytes()
+        if num_blocks is None and self.kv_cache_bytes is not None:
+            num_blocks = max(1, self.kv_cache_bytes // self.bytes_per_block)
+        if num_blocks is None:
+            num_blocks = num_slots * blocks_for(positions + 1)
+        self.staging_row = cache_slots if self.max_num_tokens is not None else None
+        cache_rows = cache_slots + (self.staging_row is not None)
+        self.table = BlockTable(cache_rows, positions, num_blocks, self.device)
+        step_tokens = max(block, self.max_num_tokens or 0)  # a chunk is a cached pass too (window rings)
+        self.cache = self.target.new_cache(cache_rows, positions, step_tokens, table=self.table)
+        self.proposer.table = self.table
+        self.proposer.allocate(cache_rows, positions)
+        self.pool = BlockPool(self.table, prefix_caching=self.prefix_caching and self.reusable())
         self.step_mode.caches(self.cache.tensors() + self.proposer.tensors())
+        self.preempted, self.staged, self.preemptions, self.admitted = [], [], 0, 0
         zeros = torch.zeros(rows, dtype=torch.long, device=self.device)
         steps = zeros.clone()
         table = SamplingBatch.of([SamplingParams()] * rows, [0] * rows, steps)
@@ -126,6 +173,29 @@ class Generator:
         self.shape_calls = Counter()  # new cache addresses: CUDA graphs record every shape again
         self.policy.prepare(self)
 
+    def block_bytes(self) -> int:
+        """Bytes of one pool block of the target's and the drafter's caches (measured on caches of one block)."""
+        target = self.target.new_cache(1, BLOCK - 1)
+        self.proposer.table = None
+        self.proposer.allocate(1, BLOCK - 1)
+        return sum(cache.block_bytes() for cache in (target, getattr(self.proposer, "cache", None))
+                   if hasattr(cache, "block_bytes"))
+
+    def pool_stats(self) -> dict[str, int]:
+        """The pool's accounting for metrics: blocks in use and in all, prefix-cache hits, preemptions."""
+        return {**self.pool.stats(), "preemptions": self.preemptions}
+
+    def reusable(self) -> bool:
+        """Whether cached prefixes can be reused: every layer's K/V is paged (no window ring, no recurrent state,
+        which are per row and not kept with the blocks). Says why not once."""
+        kinds = {layer.kind for layer in self.cache.layers}
+        reason = ("its linear-attention (Gated DeltaNet) state is kept per request" if hasattr(self.cache, "state")
+                  else "its sliding-window layers keep a ring per request" if "window" in kinds else None)
+        if reason and not self.refused_prefix_reuse:
+            log.warning("prefix caching is off for this target: %s", reason)
+            self.refused_prefix_reuse = True
+        return reason is None
+
     def validate(self, request: Request) -> None:
         cfg = self.target.config
         request.validate(cfg.vocab_size, cfg.max_position_embeddings)
@@ -133,6 +203,27 @@ class Generator:
         if need > self.capacity:
             raise DFlashError(f"prompt length {len(request.prompt_ids)} + max_new_tokens {request.max_new_tokens} "
                               f"exceeds this engine's sequence capacity {self.capacity - self.block - 1}")
+        if blocks_for(need) > self.pool.num_blocks:
+            raise DFlashError(f"prompt length {len(request.prompt_ids)} + max_new_tokens {request.max_new_tokens} "
+                              f"needs {blocks_for(need)} KV blocks but the pool holds {self.pool.num_blocks}")
+
+    def first_positions(self, tokens: int) -> int:
+        """Positions a request of `tokens` committed tokens holds to run a step: them, the anchor and a block."""
+        return tokens + self.block + 1
+
+    def admissible(self, requests: list[Request]) -> int:
+        """How many of `requests`, in order, `admit` can take now: free rows and free blocks for each one's prompt
+        and first step (none while a preempted request waits to resume: it goes first)."""
+        if self.preempted:
+            return 0
+        rows, blocks, staging = len(self.slots.free()), self.pool.available(), bool(self.staged)
+        for n, r in enumerate(requests):
+            cost = self.pool.cost(list(r.prompt_ids), self.first_positions(len(r.prompt_ids)))
+            if n == rows or cost > blocks or (self.chunked(r) and staging):
+                return n
+            blocks -= cost
+            staging = staging or self.chunked(r)
+        return len(requests)
 
     @torch.inference_mode()
     def admit(self, requests: list[Request], tags: list | None = None, drafting: bool | None = None) -> list[Sequence]:
@@ -145,22 +236,37 @@ class Generator:
         free = self.slots.free()
         if len(requests) > len(free):
             raise DFlashError(f"{len(requests)} requests but only {len(free)} free slots")
+        if self.admissible(requests) < len(requests):
+            raise DFlashError(f"{len(requests)} requests but the KV pool has only {self.pool.available()} free blocks "
+                              f"(of {self.pool.num_blocks})")
         start = time.perf_counter()
         slots = free[: len(requests)]
-        self.policy.admit(slots, [len(r.prompt_ids) for r in requests])  # acceptance from their context's rates
         if drafting is None:
             drafting = self.decide_drafting(requests, slots)
         self.admitting(requests, drafting)
-        sequences = [self.new_sequence(r, s, start, tag) for r, s, tag in zip(requests, slots, tags or [None] * len(requests))]
+        rows = [self.staging_row if self.chunked(r) else s for r, s in zip(requests, slots)]  # a long one is staged
+        sequences = [self.new_sequence(r, row, start, tag) for r, row, tag in zip(requests, rows, tags or [None] * len(requests))]
         for seq in sequences:
             seq.drafting = drafting
-        first = self.prefill(sequences)
-        now = time.perf_counter()
-        for seq, token in zip(sequences, first.tolist()):
-            self.slots.running[seq.slot] = seq
-            seq.result.first_token_s = now
-            self.emit(seq, [token], now)
+            seq.order, self.admitted = self.admitted, self.admitted + 1
+            seq.prefilled = self.pool.admit(seq.slot, list(seq.request.prompt_ids),
+                                            self.first_positions(len(seq.request.prompt_ids)))
+        now_running = [s for s in sequences if s.slot != self.staging_row]
+        self.staged += [s for s in sequences if s.slot == self.staging_row]
+        self.slots.reserved = len(self.staged)
+        if now_running:  # acceptance from their context's rates
+            self.policy.admit([s.slot for s in now_running], [len(s.request.prompt_ids) for s in now_running])
+            first = self.start(now_running)
+            now = time.perf_counter()
+            for seq, token in zip(now_running, first):
+                self.slots.running[seq.slot] = seq
+                seq.result.first_token_s = now
+                self.emit(seq, [token], now)
         return sequences
+
+    def chunked(self, request: Request) -> bool:
+        """Whether the request's prompt is prefilled in chunks of `max_num_tokens`, between steps (staged)."""
+        return self.max_num_tokens is not None and len(request.prompt_ids) > self.max_num_tokens
 
     def admitting(self, requests: list[Request], drafting: bool) -> None:
         """Called once `requests` are validated and their drafting decided, before any state changes (the
@@ -184,17 +290,30 @@ class Generator:
         return Sequence(request, slot, Result(prompt_tokens=len(request.prompt_ids), start_s=start),
                         request.sampling.key(), frozenset() if request.ignore_eos else frozenset(stops), tag)
 
+    def start(self, sequences: list[Sequence]) -> list[int]:
+        """Prefill `sequences` (their rows hold their blocks; `prefilled` positions come from the prefix cache) and
+        make them decode: whole contexts in one pass, the rest of those with a cached prefix in a cached pass.
+        -> each one's first token (a resumed request's: its anchor, already emitted)."""
+        tokens = {}
+        for group, run in (([s for s in sequences if s.prefilled == 0], self.prefill),
+                           ([s for s in sequences if s.prefilled > 0], self.prefill_rest)):
+            if group:
+                tokens.update(zip(map(id, group), self.begin(group, run(group)).tolist()))
+        return [tokens[id(s)] for s in sequences]
+
     def prefill(self, sequences: list[Sequence]) -> torch.Tensor:
-        """Run the prompts (right-padded) through the target; -> each one's first token [N]."""
-        n, prompt = len(sequences), max(len(s.request.prompt_ids) for s in sequences)
+        """Run the contexts (right-padded) through the target from position 0; -> each one's last hidden [N, hidden]."""
+        contexts = [s.context() for s in sequences]
+        n, prompt = len(sequences), max(len(c) for c in contexts)
         longest = self.step_mode.prefill_length(prompt, self.cache.capacity)
         ids = torch.zeros((n, longest), dtype=torch.long)
-        for i, s in enumerate(sequences):
-            ids[i, : len(s.request.prompt_ids)] = torch.tensor(s.request.prompt_ids)
+        for i, c in enumerate(contexts):
+            ids[i, : len(c)] = torch.tensor(c)
+        self.pool.flush()  # the rows' blocks, before the pass writes them
         # Right padding: a padded row writes junk K/V past its prompt, beyond its valid length.
         positions = torch.arange(longest, device=self.device).expand(n, -1)
         slots = torch.tensor([s.slot for s in sequences], device=self.device)
-        lengths = torch.tensor([len(s.request.prompt_ids) for s in sequences], device=self.device)
+        lengths = torch.tensor([len(c) for c in contexts], device=self.device)
         self.target.reset(self.cache, slots)  # recurrent layers start from zero state
         drafting = sequences[0].drafting  # one decision per admitted batch
         # a compiled prefill captures for plain-only requests too (unused): one graph for both kinds of admission
@@ -202,20 +321,64 @@ class Generator:
         ctx = ForwardContext.prefill(positions, self.cache, slots, lengths,
                                      capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
         hidden, features = self.prefill_pass(ids.to(self.device), ctx)
-        last = hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
-        self.slots.steps[slots] = 0
-        sampling = self.sampling(sequences, self.slots.steps[slots])
-        self.slots.sampling.write(slots, sampling)  # each step reads its rows' settings from there
-        first = self.first_tokens(self.target.logits(last[:, None]), sampling)
         if drafting:  # written when a drafter pass first reads them: a request that never drafts never pays
             keep = positions < lengths[:, None]  # [N, T]: right padding is not context
             self.proposer.defer(ContextTokens(slots, keep, features, positions, [s.slot for s in sequences],
-                                              [len(s.request.prompt_ids) for s in sequences], prompt=True))
-        self.slots.starts[slots] = lengths
+                                              [len(c) for c in contexts], prompt=True))
+        for seq, c in zip(sequences, contexts):
+            seq.prefilled = len(c)
+        return hidden[torch.arange(n, device=self.device), lengths - 1]  # [N, hidden]
+
+    def prefill_rest(self, sequences: list[Sequence]) -> torch.Tensor:
+        return self.extend(sequences, [len(s.context()) - s.prefilled for s in sequences])
+
+    def extend(self, sequences: list[Sequence], counts: list[int]) -> torch.Tensor:
+        """Prefill counts[i] more context tokens of each sequence after its `prefilled` ones, attending to those in
+        its blocks (a cached pass, eager: its shapes vary); -> each row's last hidden [N, hidden]. Recurrent
+        layers fold exactly the counted tokens; window rings keep the last ones (kv_cache.py)."""
+        n, width = len(sequences), max(counts)
+        ids = torch.zeros((n, width), dtype=torch.long)
+        for i, (s, c) in enumerate(zip(sequences, counts)):
+            ids[i, :c] = torch.tensor(s.context()[s.prefilled: s.prefilled + c])
+        self.pool.flush()
+        rows = torch.tensor([s.slot for s in sequences], device=self.device)
+        fresh = [s.slot for s in sequences if s.prefilled == 0]
+        if fresh:
+            self.target.reset(self.cache, torch.tensor(fresh, device=self.device))
+        done = torch.tensor([s.prefilled for s in sequences], device=self.device)
+        count = torch.tensor(counts, device=self.device)
+        positions = done[:, None] + torch.arange(width, device=self.device)  # [N, T]
+        drafting = sequences[0].drafting
+        ctx = ForwardContext.cached(positions, self.cache, max(s.prefilled + c for s, c in zip(sequences, counts)),
+                                    slots=rows, lengths=done + count, commit=count,
+                                    capture_layer_ids=self.proposer.capture_layer_ids if drafting else ())
+        hidden, features = self.target(ids.to(self.device), ctx)
+        if drafting:
+            keep = torch.arange(width, device=self.device) < count[:, None]
+            self.proposer.defer(ContextTokens(rows, keep, features, positions, [s.slot for s in sequences], counts,
+                                              prompt=True))
+        for s, c in zip(sequences, counts):
+            s.prefilled += c
+        return hidden[torch.arange(n, device=self.device), count - 1]
+
+    def begin(self, sequences: list[Sequence], last: torch.Tensor) -> torch.Tensor:
+        """Prefilled sequences decode from here: their first token from the last hidden [N, hidden] (a resumed
+        request's anchor is the token it emitted last), sampling settings and lengths in their slots. -> [N]."""
+        slots = torch.tensor([s.slot for s in sequences], device=self.device)
+        resumed = [s for s in sequences if s.result.output_ids]
+        self.slots.steps[slots] = torch.tensor([s.steps for s in sequences], device=self.device) if resumed else 0
+        sampling = self.sampling(sequences, self.slots.steps[slots])
+        self.slots.sampling.write(slots, sampling)  # each step reads its rows' settings from there
+        first = self.first_tokens(self.target.logits(last[:, None]), sampling)
+        if resumed:
+            known = torch.tensor([s.result.output_ids[-1] if s.result.output_ids else -1 for s in sequences],
+                                 device=self.device)
+            first = torch.where(known >= 0, known, first)
+        self.slots.starts[slots] = torch.tensor([s.prefilled for s in sequences], device=self.device)
         self.slots.anchors[slots] = first
-        self.slots.drafting[slots] = drafting
+        self.slots.drafting[slots] = sequences[0].drafting
         for seq in sequences:
-            seq.start = len(seq.request.prompt_ids)
+            seq.start = seq.prefilled
         return first
 
     @staticmethod
@@ -266,12 +429,18 @@ class Generator:
     def step(self, draft_len: int | None = None) -> list[Sequence]:
         """One speculative step for every running sequence: draft k tokens, verify them, accept a prefix.
 
-        k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
+        Phases: `reserve` (every running request's next blocks, preempting when the pool is full), `resume`
+        (preempted requests, when blocks allow), `advance_prefill` (one chunk of a staged long prompt), then the
+        speculative step. k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
         Rows are the running sequences, which hold slots 0..B-1 (`compact` moves them there when a free slot lies
-        among them), so every cache is read in place; padded steps (CUDA graphs) add free slots as rows.
-        -> the sequences that ran (finished ones have `done` set and have left their slots)."""
+        among them); padded steps (CUDA graphs) add free slots as rows, whose table rows point at the null block.
+        -> the sequences that ran (finished ones have `done` set and have left their slots), and a staged one
+        whose first token finished it."""
+        self.reserve()
+        self.resume()
+        ready = self.advance_prefill()
         if not self.slots.running:
-            return []
+            return ready
         running = [self.slots.running[slot] for slot in sorted(self.slots.running)]
         n = len(running)
         k = self.draft_len(running) if draft_len is None else draft_len
@@ -325,6 +494,8 @@ class Generator:
         self.slots.starts[:n] = starts + num_accepted + 1
         self.slots.anchors[:n] = bonus
         self.slots.steps[:n] += 1
+        for seq in running:
+            seq.steps += 1
         drafted, accepted, bonuses = self.read_tokens(drafts, num_accepted, bonus)
         if k > 0 and features is not None:  # only the tokens the target kept: the rest of the block was rejected
             keep = torch.arange(positions.shape[1], device=self.device) <= num_accepted[:, None]  # [B, T]
@@ -345,7 +516,82 @@ class Generator:
             seq.result.accepted_tokens += a
             seq.result.draft_lengths.append(own)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
-        return running
+        return ready + running
+
+    def reserve(self) -> None:
+        """Every running request holds blocks for its next step: the anchor and a block past its committed tokens.
+        While the pool cannot hold them, the latest admitted request is preempted (`validate` made sure that one
+        request alone always fits)."""
+        for seq in sorted(self.slots.running.values(), key=lambda s: s.order):
+            while self.slots.running.get(seq.slot) is seq and not self.pool.grow(seq.slot, self.first_positions(seq.start)):
+                self.preempt(max(self.slots.running.values(), key=lambda s: s.order))
+        self.pool.flush()
+
+    def preempt(self, seq: Sequence) -> None:
+        """`seq` gives its row and blocks back and waits in `preempted`; `resume` recomputes its K/V later from its
+        tokens (prompt and output), so it continues exactly where it stopped."""
+        self.policy.release(seq.slot, seq.drafting)
+        self.release_blocks(seq)
+        self.vacate(seq.slot)
+        self.preempted.append(seq)
+        self.preemptions += 1
+
+    def resume(self) -> None:
+        """Prefill preempted requests again, the earliest admitted first, while rows and blocks allow (one batched
+        prefill of those with the first one's drafting)."""
+        if not self.preempted:
+            return
+        waiting = sorted(self.preempted, key=lambda s: s.order)
+        free, blocks, batch = self.slots.free(), self.pool.available(), []
+        for seq in waiting:
+            cost = self.pool.cost(seq.context(), self.first_positions(len(seq.context())))
+            if len(batch) == len(free) or cost > blocks:
+                break
+            if seq.drafting == waiting[0].drafting:
+                blocks -= cost
+                batch.append(seq)
+        if not batch:
+            return
+        for seq, slot in zip(batch, free):
+            self.preempted.remove(seq)
+            seq.slot = slot
+            seq.prefilled = self.pool.admit(slot, seq.context(), self.first_positions(len(seq.context())))
+        self.policy.admit([s.slot for s in batch], [len(s.context()) for s in batch])
+        self.start(batch)
+        for seq in batch:
+            self.slots.running[seq.slot] = seq
+
+    def advance_prefill(self) -> list[Sequence]:
+        """One chunk (`max_num_tokens`) of the first staged prompt. After its last chunk it takes its reserved slot
+        and decodes from this step. -> it, when its first token already finished it (nothing else reports it)."""
+        if not self.staged:
+            return []
+        seq = self.staged[0]
+        last = self.extend([seq], [min(len(seq.context()) - seq.prefilled, self.max_num_tokens)])
+        if seq.prefilled < len(seq.context()):
+            return []
+        self.staged.pop(0)
+        slot = next(s for s in range(self.slots.usable) if s not in self.slots.running)
+        self.slots.reserved = len(self.staged)
+        self.cache.move(self.staging_row, slot, seq.prefilled)
+        self.proposer.move(self.staging_row, slot, seq.prefilled)
+        self.pool.move(self.staging_row, slot)
+        seq.slot = slot
+        self.policy.admit([slot], [seq.prefilled])
+        token = self.begin([seq], last).tolist()[0]  # a host read once per chunked prompt, as an admission's
+        self.slots.running[slot] = seq
+        now = time.perf_counter()
+        seq.result.first_token_s = now
+        self.emit(seq, [token], now)
+        return [seq] if seq.done else []
+
+    def release_blocks(self, seq: Sequence) -> None:
+        """Free its blocks; with prefix caching, the full ones its tokens filled stay cached (their drafter context
+        written first, when the drafter keeps it: a plain-only request's is never written)."""
+        keep = self.pool.prefix_caching and seq.start > 0 and (seq.drafting or not self.proposer.capture_layer_ids)
+        if keep:
+            self.proposer.flush()
+        self.pool.release(seq.slot, seq.tokens() if keep else None)
 
     def settled(self, shape: tuple[int, int, int]) -> bool:
         """Whether a step at this padded shape (rows, width, key span) costs what a step costs: not one of its first
@@ -420,7 +666,8 @@ class Generator:
         """`seq` leaves its slot for the free slot dst, with everything kept per slot."""
         src, length = seq.slot, seq.start + 1  # committed positions 0..start-1, and the anchor's
         self.cache.move(src, dst, length)
-        self.proposer.move(src, dst, length)
+        self.proposer.move(src, dst, length)  # deferred context first: it is written through src's table row
+        self.pool.move(src, dst)
         for per_slot in (self.slots.starts, self.slots.anchors, self.slots.steps, self.slots.drafting):
             per_slot[dst] = per_slot[src]
         self.slots.sampling.move(src, dst)
@@ -457,6 +704,11 @@ class Generator:
     def hold(self, sequences: list[Sequence], length: int) -> None:
         """Pin sequences at committed length `length` with no output yet. For calibration: a step then
         costs what it costs at that context (the cache holds junk there, which attends the same)."""
+        for seq in sequences:
+            if not self.pool.grow(seq.slot, self.first_positions(length)):
+                raise DFlashError(f"the KV pool ({self.pool.num_blocks} blocks) cannot hold {len(sequences)} "
+                                  f"requests at {length} tokens")
+        self.pool.flush()
         slots = torch.tensor([s.slot for s in sequences], device=self.device)
         self.slots.starts[slots] = length
         for seq in sequences:
@@ -481,6 +733,10 @@ class Generator:
             self.finish(seq, now)
         return len(kept)
 
+    def live(self) -> list[Sequence]:
+        """Every admitted request not finished: running, or preempted and waiting to resume."""
+        return list(self.slots.running.values()) + self.preempted + self.staged
+
     def cancel(self, seq: Sequence, reason: str) -> None:
         """End a sequence from outside the loop (client gone, stop string, shutdown)."""
         self.finish(seq, time.perf_counter(), reason)
@@ -493,7 +749,15 @@ class Generator:
         seq.result.finish_s = now
         if self.slots.running.get(seq.slot) is seq:
             self.policy.release(seq.slot, seq.drafting)
+            self.release_blocks(seq)
             self.vacate(seq.slot)
+        elif seq in self.preempted:
+            self.preempted.remove(seq)
+        elif seq in self.staged:
+            self.staged.remove(seq)
+            self.slots.reserved = len(self.staged)
+            self.pool.release(seq.slot)
+            self.proposer.release(seq.slot)  # its chunks' deferred context is never written
 
     def vacate(self, slot: int) -> None:
         """The slot is free: its committed length 0, so a padded step's row there writes positions 0.. (a device

@@ -42,6 +42,13 @@ def parser() -> Parser:
     p.add_argument("--admission-wait-ms", type=float, default=50.0, help="torch engines: how long a waiting request "
                    "may be held so that one prefill admits several (only where the engine's measured per-call "
                    "admission cost and the arrival rate make that pay; 0: admit at once; default 50)")
+    p.add_argument("--kv-cache-gib", type=float, help="torch engines: GiB of the paged KV pool, target and drafter "
+                   "(default: 90%% of the GPU memory free after loading; on a CPU enough for every slot at the "
+                   "engine's max_seq_len)")
+    p.add_argument("--no-prefix-caching", action="store_true", help="torch engines: do not reuse the KV blocks of "
+                   "prompt prefixes earlier requests computed")
+    p.add_argument("--max-num-tokens", type=int, help="torch engines: prefill prompts longer than this in chunks of "
+                   "this many tokens, one chunk between decode steps (default: whole prompts)")
     p.add_argument("--write-only", action="store_true", help="write the repository (and, for trtllm engines, its "
                    "launch scripts) and exit")
     p.add_argument("--repository-only", action="store_true", help="write the model repository alone and exit (the "
@@ -92,7 +99,8 @@ def run(argv: list[str] | None) -> int:
     if not (args.repository_only or args.write_only or args.print_launch):
         check_ports_free(ends, args.openai_port)  # one line now, not a Triton log line after the model loads
     settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding, args.draft_len,
-                             args.threads, args.step_mode, args.admission_wait_ms)
+                             args.threads, args.step_mode, args.admission_wait_ms, args.kv_cache_gib,
+                             not args.no_prefix_caching, args.max_num_tokens)
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
     frontend = openai_settings(args)  # checked before anything is written

@@ -6,9 +6,8 @@ the block's K/V. Block queries attend to all of it at once (non-causal), so one 
 whole block. The drafter has no embedding or LM head: it uses the target's. Weights are named
 exactly as the published checkpoints (`fc.weight`, `layers.0...`).
 
-Inference keeps context K/V in a cache (index == position, see kv_cache.py); a drafting pass
-writes the block's own K/V right after the context, at positions start..start+B-1, and reads the
-slot in place. Those block entries are scratch: the next commit overwrites them with real context.
+Inference keeps context K/V in a paged cache (see kv_cache.py); a drafting pass writes the block's
+own K/V right after the context, at positions start..start+B-1, and reads the row's blocks. Those block entries are scratch: the next commit overwrites them with real context.
 Training passes the context K/V explicitly (`ExplicitContext`) with a block-sparse mask.
 """
 
@@ -86,8 +85,9 @@ class DFlashDrafter(nn.Module):
             logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
         return logits
 
-    def new_cache(self, num_slots: int, capacity: int) -> KVCache:
-        """Context K/V of every layer at index == position (sliding layers too: the drafter is small)."""
+    def new_cache(self, num_slots: int, capacity: int, table=None) -> KVCache:
+        """Context K/V of every layer, paged like the target's full layers (sliding layers too: the drafter is
+        small); table: the target's block table (kv_cache.BlockTable), so a request's blocks hold both."""
         spec, weight = self.layers[0].self_attn.spec, self.fc.weight
         return KVCache([LayerCacheSpec("full")] * len(self.layers), num_slots, spec.num_kv_heads, capacity,
-                       spec.head_dim, weight.dtype, weight.device)
+                       spec.head_dim, weight.dtype, weight.device, table=table)

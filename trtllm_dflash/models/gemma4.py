@@ -25,7 +25,7 @@ from torch import nn
 
 from ..config import TargetConfig
 from ..families import FULL, SLIDING
-from ..kv_cache import KVCache, LayerCacheSpec
+from ..kv_cache import BlockTable, KVCache, LayerCacheSpec
 from ..parallel import SINGLE, HeadSplit, Parallel
 from .attention import ForwardContext
 from .gemma4_layers import GeluMLP, Gemma4Router, Gemma4SelfAttention, GemmaRMSNorm, LayerTypeRotary
@@ -162,7 +162,7 @@ class Gemma4Target(nn.Module):
         logits = self.lm_head(hidden).to(hidden.dtype)  # exact: the head's products in that dtype, made fp32
         return (torch.tanh(logits / cap) * cap).float()
 
-    def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1) -> Gemma4Cache:
+    def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1, table=None) -> Gemma4Cache:
         cfg, weight = self.config, self.lm_head.weight
         shapes = {}
         for kind in set(self.cache_kinds):
@@ -170,7 +170,7 @@ class Gemma4Target(nn.Module):
             split = HeadSplit(cfg.num_attention_heads, att.num_kv_heads, self.tp.world)
             shapes[kind] = split.local_kv_heads, att.head_dim
         return Gemma4Cache(self.cache_kinds, shapes, cfg.sliding_window, num_slots, capacity, weight.dtype,
-                           weight.device, max_step_tokens)
+                           weight.device, max_step_tokens, table)
 
     def reset(self, cache, slots: torch.Tensor) -> None:
         """Nothing to reset: attention caches only (entries past a slot's length are never read)."""
@@ -185,21 +185,26 @@ class Gemma4Cache:
     and KV heads differ. Layers sharing K/V read their source's."""
 
     def __init__(self, kinds: list[str], shapes: dict[str, tuple[int, int]], window: int | None, num_slots: int,
-                 capacity: int, dtype: torch.dtype, device, max_step_tokens: int = 1):
-        """kinds: the type of each layer with a cache, in order; shapes: type -> (this rank's KV heads, head_dim)."""
+                 capacity: int, dtype: torch.dtype, device, max_step_tokens: int = 1, table=None):
+        """kinds: the type of each layer with a cache, in order; shapes: type -> (this rank's KV heads, head_dim);
+        table: the block table the full layers' pool is paged by (sliding layers keep rings per slot)."""
+        self.table = table if table is not None else BlockTable.contiguous(num_slots, capacity, device)
         self.groups = {}
         for kind in (SLIDING, FULL):
             if kind in kinds:
                 spec = LayerCacheSpec("window", window) if kind == SLIDING else LayerCacheSpec("full")
                 kv_heads, head_dim = shapes[kind]
                 self.groups[kind] = KVCache([spec] * kinds.count(kind), num_slots, kv_heads, capacity, head_dim, dtype,
-                                            device, max_step_tokens)
+                                            device, max_step_tokens, self.table)
         rest = {kind: iter(group.layers) for kind, group in self.groups.items()}
         self.layers = [next(rest[kind]) for kind in kinds]
         self.capacity = capacity
 
     def tensors(self) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
         return [t for group in self.groups.values() for t in group.tensors()]
+
+    def block_bytes(self) -> int:
+        return sum(group.block_bytes() for group in self.groups.values())
 
     def move(self, src: int, dst: int, length: int) -> None:
         for group in self.groups.values():

@@ -1,6 +1,6 @@
 """The target model: a Qwen3 / Llama 3.x decoder, a hybrid Qwen3.5 one (Gated DeltaNet layers beside
 gated full attention), or a mixture-of-experts one (Qwen3-MoE; gpt-oss with attention sinks and
-sliding-window layers), with a slot cache and layer capture."""
+sliding-window layers), with a paged cache and layer capture."""
 
 from __future__ import annotations
 
@@ -26,10 +26,13 @@ class HybridCache:
 
     def __init__(self, kv: KVCache, state: RecurrentState):
         self.kv, self.state = kv, state
-        self.layers, self.capacity = kv.layers, kv.capacity
+        self.layers, self.capacity, self.table = kv.layers, kv.capacity, kv.table
 
     def tensors(self) -> list[tuple[torch.Tensor, tuple[int, ...]]]:
         return self.kv.tensors() + self.state.tensors()
+
+    def block_bytes(self) -> int:
+        return self.kv.block_bytes()
 
     def move(self, src: int, dst: int, length: int) -> None:
         self.kv.move(src, dst, length)
@@ -124,14 +127,15 @@ class TargetModel(nn.Module):
         windows = [layer.self_attn.spec.window for layer in self.attention_layers()]
         return [LayerCacheSpec("full") if w is None else LayerCacheSpec("window", w) for w in windows]
 
-    def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1) -> KVCache | HybridCache:
-        """max_step_tokens: the longest cached pass (the verify block): it sizes window rings and the
-        recurrent layers' rollback stash."""
+    def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1, table=None) -> KVCache | HybridCache:
+        """max_step_tokens: the longest cached pass (the verify block, a prefill chunk): it sizes window rings and
+        the recurrent layers' rollback stash; table: the block table its full layers are paged by (None: one of
+        its own, every slot holding `capacity` positions)."""
         cfg, weight = self.config, self.lm_head.weight
         attention = self.attention_layers()
         kv_heads = attention[0].self_attn.spec.num_kv_heads if attention else 1  # this rank's
         kv = KVCache(self.cache_specs(), num_slots, kv_heads, capacity, cfg.head_dim, weight.dtype, weight.device,
-                     max_step_tokens)
+                     max_step_tokens, table)
         if not cfg.is_hybrid:
             return kv
         linear = len(self.model.layers) - len(attention)

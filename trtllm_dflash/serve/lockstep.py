@@ -29,9 +29,11 @@ def broadcast(message=None):
 class LockstepGenerator(Generator):
     """Rank 0's generator: same behaviour, every state change mirrored on the workers."""
 
-    def allocate(self, num_slots: int, capacity: int, block: int) -> None:
-        broadcast(("allocate", (num_slots, capacity, block)))
-        super().allocate(num_slots, capacity, block)
+    def allocate(self, num_slots: int, capacity: int, block: int, num_blocks: int | None = None) -> None:
+        # the pool's settings first: every rank sizes the same pool, so admission and preemption agree
+        broadcast(("configure", (self.prefix_caching, self.max_num_tokens, self.kv_cache_bytes)))
+        broadcast(("allocate", (num_slots, capacity, block, num_blocks)))
+        super().allocate(num_slots, capacity, block, num_blocks)
 
     def admit(self, requests: list[Request], tags: list | None = None, drafting: bool | None = None) -> list[Sequence]:
         return super().admit([with_seed(r) for r in requests], tags, drafting)
@@ -43,9 +45,9 @@ class LockstepGenerator(Generator):
 
     def step(self, draft_len: int | None = None) -> list[Sequence]:
         running = list(self.slots.running.values())
-        if not running:
+        if not self.live():
             return []
-        k = self.draft_len(running) if draft_len is None else draft_len
+        k = (self.draft_len(running) if running else 0) if draft_len is None else draft_len
         broadcast(("step", (k,)))
         return super().step(k)
 
@@ -58,7 +60,7 @@ class LockstepGenerator(Generator):
         super().hold(sequences, length)
 
     def cancel(self, seq: Sequence, reason: str) -> None:
-        broadcast(("cancel", (seq.slot, reason)))
+        broadcast(("cancel", (seq.order, reason)))  # admission order: also names a preempted or staged request
         super().cancel(seq, reason)
 
     def close(self) -> None:
@@ -77,7 +79,9 @@ def follow(generator: Generator) -> None:
         op, args = broadcast()
         if op == "stop":
             return
-        if op == "allocate":
+        if op == "configure":
+            generator.prefix_caching, generator.max_num_tokens, generator.kv_cache_bytes = args
+        elif op == "allocate":
             generator.allocate(*args)
         elif op == "admit":
             generator.admit(*args)
@@ -88,7 +92,7 @@ def follow(generator: Generator) -> None:
         elif op == "hold":
             generator.hold([generator.slots.running[slot] for slot in args[0]], args[1])
         elif op == "cancel":
-            seq = generator.slots.running.get(args[0])
+            seq = next((s for s in generator.live() if s.order == args[0]), None)
             if seq is not None:
                 generator.cancel(seq, args[1])
 

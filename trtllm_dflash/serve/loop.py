@@ -73,6 +73,18 @@ class Counters:
     plain_only_requests: int = 0  # finished requests that ended without the drafter's context
     running: int = 0
     queued: int = 0
+    # the KV pool (Generator.pool_stats): totals, and gauges
+    prefix_hit_tokens: int = 0
+    prefix_tokens: int = 0
+    prefix_hit_requests: int = 0
+    prefix_requests: int = 0
+    preemptions: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks: int = 0
+
+
+POOL_TOTALS = {"prefix_hit_tokens": "hit_tokens", "prefix_tokens": "queried_tokens",
+               "prefix_hit_requests": "hit_requests", "prefix_requests": "queried_requests", "preemptions": "preemptions"}
 
 
 class ServingLoop:
@@ -153,7 +165,7 @@ class ServingLoop:
 
     def iterate(self) -> None:
         self.admit()
-        if not self.generator.slots.running:
+        if not self.generator.live():
             time.sleep(STEP_IDLE_S)
             return
         self.drop_cancelled()
@@ -166,7 +178,7 @@ class ServingLoop:
         self.publish()
 
     def fail_running(self, message: str) -> None:
-        for seq in list(self.generator.slots.running.values()):
+        for seq in self.generator.live():
             self.generator.cancel(seq, "error")
             self.count(failed=1)  # through count(), so the Prometheus counter sees it too
             self.export()
@@ -177,14 +189,16 @@ class ServingLoop:
         return self.pending.qsize() + len(self.waiting)
 
     def admit(self) -> None:
-        """Admit the requests that have free slots, when the gate says so (admission.py)."""
+        """Admit the requests that have free slots and KV blocks, when the gate says so (admission.py)."""
         free, now = len(self.generator.slots.free()), time.monotonic()
         while len(self.waiting) < free:
             try:
                 self.waiting.append(self.pending.get_nowait())
             except queue.Empty:
                 break
-        batch = self.waiting[:free]
+        batch = self.waiting[: self.generator.admissible([r.request for r in self.waiting[:free]])]
+        if not batch:
+            return self.publish()
         for r in batch:
             if r.admissible_s is None:
                 r.admissible_s = now
@@ -211,7 +225,7 @@ class ServingLoop:
         if now - self.polled_s < CANCEL_POLL_S:
             return
         self.polled_s = now
-        for seq in list(self.generator.slots.running.values()):
+        for seq in self.generator.live():
             if seq.tag.responder.cancelled():
                 self.generator.cancel(seq, "cancelled")
                 self.count(failed=1)
@@ -303,17 +317,26 @@ class ServingLoop:
                 self.on_step(k)
 
     def running_gauges(self) -> bool:
-        """Refresh the gauges from the batch and the queue; -> whether they changed."""
+        """Refresh the gauges from the batch, the queue and the KV pool (its totals counted as they grew); -> whether
+        they changed. Under `counting`, or on the loop's thread while no other thread counts these."""
         running, queued = len(self.generator.slots.running), self.queued()
-        if (running, queued) == (self.counters.running, self.counters.queued):
+        pool = self.generator.pool_stats() if self.generator.pool is not None else {}
+        for field, key in POOL_TOTALS.items():
+            grown = pool.get(key, 0) - getattr(self.counters, field)
+            if grown > 0:
+                setattr(self.counters, field, pool[key])
+                self.unexported[field] = self.unexported.get(field, 0) + grown
+        gauges = (running, queued, pool.get("used", 0), pool.get("blocks", 0))
+        if gauges == (self.counters.running, self.counters.queued, self.counters.kv_blocks_used, self.counters.kv_blocks):
             return False
-        self.counters.running, self.counters.queued = running, queued
+        self.counters.running, self.counters.queued, self.counters.kv_blocks_used, self.counters.kv_blocks = gauges
         return True
 
     def publish(self) -> None:
         """Export when the gauges changed or counts are METRICS_FLUSH_S old (the idle loop calls this every few
         ms, a busy one after every step)."""
-        changed = self.running_gauges()
+        with self.counting:
+            changed = self.running_gauges()
         if changed or ((self.unexported or self.unexported_steps) and
                        time.monotonic() - self.exported_s >= METRICS_FLUSH_S):
             self.export()

@@ -73,6 +73,9 @@ class ServeSettings:
     threads: int | None = None  # torch engines: torch threads of the model (default: threads.default_threads)
     step_mode: str = STEP_AUTO  # torch engines: eager | compile | cuda-graphs | auto (step_mode.py)
     admission_wait_ms: float = MAX_WAIT_S * 1e3  # torch engines: longest hold of a request to group admissions
+    kv_cache_gib: float | None = None  # torch engines: the paged KV pool (None: kv_pool_default)
+    prefix_caching: bool = True  # torch engines: reuse cached prompt prefixes
+    max_num_tokens: int | None = None  # torch engines: longer prompts are prefilled in chunks of this many tokens
 
     def __post_init__(self):
         if self.decoding not in DECODINGS:
@@ -83,7 +86,9 @@ class ServeSettings:
         if self.step_mode != STEP_AUTO and self.step_mode not in STEP_MODES:
             raise DFlashError(f"--step-mode must be one of {', '.join((STEP_AUTO, *STEP_MODES))}, got {self.step_mode!r}")
         AdmissionSettings(self.admission_wait_ms / 1e3)  # a bad --admission-wait-ms fails here, not at model load
-        for name in ("max_batch_size", "max_queue"):
+        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
+            raise DFlashError(f"--kv-cache-gib must be positive, got {self.kv_cache_gib}")
+        for name in ("max_batch_size", "max_queue", "max_num_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise DFlashError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
@@ -152,7 +157,9 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
                   "decoding": settings.decoding, "draft_len": draft_len_param(settings, manifest),
                   "threads": resolve_threads(settings.threads, manifest.tp_size),
                   "step_mode": step_mode_param(settings, manifest),
-                  "admission_wait_ms": settings.admission_wait_ms}
+                  "admission_wait_ms": settings.admission_wait_ms, "prefix_caching": int(settings.prefix_caching)}
+        params.update({k: v for k, v in (("kv_cache_gib", settings.kv_cache_gib),
+                                         ("max_num_tokens", settings.max_num_tokens)) if v is not None})
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)

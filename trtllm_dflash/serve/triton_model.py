@@ -21,6 +21,7 @@ import triton_python_backend_utils as pb_utils  # provided by the Triton Python 
 from ..draft_length.settings import make_policy
 from ..engine import load_engine
 from ..errors import DFlashError
+from ..kv_cache import BLOCK
 from ..request import Request
 from ..sampling import SamplingParams
 from ..threads import set_threads
@@ -50,8 +51,32 @@ COUNTERS = {  # Counters field -> (metric name, description)
                             "stopped drafting)"),
 }
 DRAFT_LENGTH = ("dflash_step_draft_length", "draft tokens per request chosen for each batch step")
+COUNTERS.update({
+    "prefix_hit_tokens": ("dflash_prefix_cache_hit_tokens_total", "prompt tokens whose KV came from the prefix cache"),
+    "prefix_tokens": ("dflash_prefix_cache_queried_tokens_total", "prompt tokens looked up in the prefix cache"),
+    "prefix_hit_requests": ("dflash_prefix_cache_hit_requests_total", "admissions that reused a cached prefix"),
+    "prefix_requests": ("dflash_prefix_cache_queried_requests_total", "admissions looked up in the prefix cache"),
+    "preemptions": ("dflash_preemptions_total", "running requests preempted for KV blocks (recomputed later)"),
+})
 GAUGES = {"running": ("dflash_running_requests", "requests in the running batch"),
-          "queued": ("dflash_queued_requests", "requests waiting for a slot")}
+          "queued": ("dflash_queued_requests", "requests waiting for a slot"),
+          "kv_blocks_used": ("dflash_kv_cache_blocks_used", "KV pool blocks held by requests"),
+          "kv_blocks": ("dflash_kv_cache_blocks", f"KV pool blocks in all ({BLOCK} tokens each)")}
+
+
+def kv_pool_bytes(gib: str | None, device) -> int | None:
+    """--kv-cache-gib, or on a GPU 90 % of the memory free once the model is loaded (vLLM's
+    gpu_memory_utilization default); None on a CPU: the generator's default, every slot at max_seq_len."""
+    import torch
+
+    if gib is not None:
+        return int(float(gib) * 2**30)
+    if torch.device(device).type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0] * KV_FREE_FRACTION)
+    return None
+
+
+KV_FREE_FRACTION = 0.9
 
 
 class TritonResponder:
@@ -141,11 +166,20 @@ class TritonPythonModel:
         print(startup_line({**self.startup, "calibration_s": time.perf_counter() - start}), file=sys.stderr,
               flush=True)
         self.max_tokens_limit = int(params["max_seq_len"])
+        generator.prefix_caching = params.get("prefix_caching", "1") == "1"
+        generator.max_num_tokens = int(params["max_num_tokens"]) if "max_num_tokens" in params else None
+        generator.kv_cache_bytes = self.torch_thread.call(lambda: kv_pool_bytes(params.get("kv_cache_gib"),
+                                                                                generator.device))
         self.metrics = self.make_metrics(generator.block - 1)
         self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
                                 int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics,
                                 self.metrics["draft_length"].observe, os.environ.get(STOP_FILE_ENV), self.torch_thread,
                                 AdmissionSettings(float(params.get("admission_wait_ms", MAX_WAIT_S * 1e3)) / 1e3))
+        pool = generator.pool
+        print(f"dflash: KV pool: {pool.num_blocks} blocks of {BLOCK} = {pool.num_blocks * BLOCK} tokens "
+              f"({pool.num_blocks * generator.bytes_per_block / 2**30:.2f} GiB), prefix caching "
+              f"{'on' if pool.prefix_caching else 'off'}, prefill chunks of "
+              f"{generator.max_num_tokens or 'whole prompts'}", file=sys.stderr, flush=True)
         print(f"dflash: admissions: fixed cost {self.loop.gate.fixed_s * 1e3:.2f} ms a call, held up to "
               f"{self.loop.gate.settings.max_wait_s * 1e3:g} ms to group them", file=sys.stderr, flush=True)
         self.loop.start()

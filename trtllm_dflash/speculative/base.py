@@ -64,10 +64,13 @@ class Proposer(ABC):
     capture_layer_ids: tuple[int, ...] = ()
     #: the largest block (anchor + drafts) one verify pass may carry
     max_block_size: int = 1
+    #: the block table its paged caches share with the target's (set by the generator before `allocate`)
+    table = None
 
     @abstractmethod
     def allocate(self, num_slots: int, capacity: int) -> None:
-        """Set up per-slot state for `num_slots` sequences of at most `capacity` positions."""
+        """Set up per-slot state for `num_slots` sequences of at most `capacity` positions. Paged caches are paged by
+        `self.table` (kv_cache.BlockTable, set by the generator: the target's; None: caches of their own)."""
 
     @abstractmethod
     def commit(self, tokens: ContextTokens) -> None:

@@ -11,7 +11,7 @@ from ..models.attention import ForwardContext
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..plugins.context_kv import context_kv_weights
-from ..plugins.context_kv.op import write_context_kv
+from ..plugins.context_kv.reference import project_context_kv
 from ..sampling import PROPOSE, sample, token_probs, uniforms
 from .base import ContextTokens, Proposer, StepBatch
 
@@ -35,9 +35,10 @@ class DFlashProposer(Proposer):
     """Keeps a draft cache of context K/V only, appended once per committed token.
 
     The block's own K/V are scratch inside one drafting pass and never stored, so "cropping
-    the draft cache to the context" costs nothing. Context K/V are written by the fused
-    `trtllm_dflash::context_kv` op ("op": Triton on CUDA, PyTorch elsewhere), by the Triton kernel
-    directly ("triton"), or layer by layer in PyTorch ("unfused", also used for biased drafters).
+    the draft cache to the context" costs nothing. Context K/V are projected for every layer at once
+    with one stacked matmul and written into the paged pool ("op" and "triton": the fused op's math,
+    plugins/context_kv/reference.py; its kernels write a per-slot layout, not the pool), or layer by
+    layer ("unfused", also used for biased drafters).
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, context_kv: str = "op"):
@@ -58,7 +59,7 @@ class DFlashProposer(Proposer):
         self.epochs: list[int] = []  # [S] bumped when a slot's owner ends or stops drafting
 
     def allocate(self, num_slots: int, capacity: int) -> None:
-        self.cache = self.drafter.new_cache(num_slots, capacity)
+        self.cache = self.drafter.new_cache(num_slots, capacity, self.table)
         self.pending, self.pending_bytes, self.epochs = [], 0, [0] * num_slots
 
     def set_step_mode(self, mode) -> None:
@@ -127,14 +128,8 @@ class DFlashProposer(Proposer):
                 layer.write(ctx, k, v)
             return
         b, t = positions.shape  # flatten to N = B * T tokens, each with its own slot and position
-        args = (features.reshape(b * t, -1), positions.reshape(-1), slots[:, None].expand(b, t).reshape(-1),
-                self.stacked, self.cache.k, self.cache.v)
-        if self.context_kv == "triton":
-            from ..plugins.context_kv.triton_kernel import context_kv_triton
-
-            context_kv_triton(*args)
-        else:
-            write_context_kv(*args)
+        k, v = project_context_kv(features.reshape(b * t, -1), positions.reshape(-1), self.stacked)
+        self.cache.write_all(slots[:, None].expand(b, t).reshape(-1), positions.reshape(-1), k, v)
 
     def propose(self, batch: StepBatch, num_drafts: int):
         self.flush()  # the drafter attends to every committed token's context K/V
