@@ -150,7 +150,7 @@ class Generator:
         cache_slots = max(rows, 2) if self.step_mode.compiled else rows
         positions = shapes.capacity(capacity) if shapes is not None else capacity  # padded: aligned key spans
         self.bytes_per_block = self.block_bytes()
-        if num_blocks is None and self.kv_cache_bytes is not None:
+        if num_blocks is None and self.kv_cache_bytes is not None and self.bytes_per_block:  # 0: nothing paged
             num_blocks = max(1, self.kv_cache_bytes // self.bytes_per_block)
         if num_blocks is None:
             num_blocks = num_slots * blocks_for(positions + 1)

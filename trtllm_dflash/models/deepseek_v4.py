@@ -126,12 +126,15 @@ class DeepseekV4Target(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-    def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1) -> DeepseekV4Cache:
+    def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1, table=None) -> DeepseekV4Cache:
+        """table: the generator's block table. Every layer here is a window ring and the compressor stores are per
+        row, so nothing is paged by it: the table only accounts for positions (prefix reuse is refused, as for any
+        target with window rings: `Generator.reusable`)."""
         cfg, weight = self.config, self.lm_head.weight
         widths = {i: layer.self_attn.compressor.cached_width for i, layer in enumerate(self.model.layers)
                   if layer.self_attn.compressor is not None}
         return DeepseekV4Cache(cfg.num_hidden_layers, cfg.sliding_window, cfg.head_dim, widths, num_slots, capacity,
-                               weight.dtype, weight.device, max_step_tokens)
+                               weight.dtype, weight.device, max_step_tokens, table)
 
     def reset(self, cache, slots: torch.Tensor) -> None:
         """Nothing to reset: entries past a slot's length are never read."""
@@ -159,10 +162,10 @@ class DeepseekV4Cache:
     per-token compressor projections (`tokens`: layer -> TokenStore)."""
 
     def __init__(self, num_layers: int, window: int, head_dim: int, widths: dict[int, int], num_slots: int,
-                 capacity: int, dtype: torch.dtype, device, max_step_tokens: int = 1):
+                 capacity: int, dtype: torch.dtype, device, max_step_tokens: int = 1, table=None):
         self.kv = KVCache([LayerCacheSpec("window", window)] * num_layers, num_slots, 1, capacity, head_dim, dtype,
-                          device, max_step_tokens)
-        self.layers, self.capacity = self.kv.layers, capacity
+                          device, max_step_tokens, table)
+        self.layers, self.capacity, self.table = self.kv.layers, capacity, self.kv.table
         self.tokens = {i: TokenStore(torch.zeros(num_slots, capacity + 1, w, dtype=dtype, device=device))
                        for i, w in widths.items()}
 
