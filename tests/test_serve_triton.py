@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -304,10 +305,13 @@ def test_tensor_parallel_paged_pool_preempts_chunks_and_reuses_prefixes(builtin,
     tokens = [len(AutoTokenizer.from_pretrained(builtin[0])(p)["input_ids"]) for p in prompts]
     need = [blocks_for(n + MAX_NEW + 16 + 1) for n in tokens]  # prompt, output, the anchor and a block of 16
     pool = max(need) + 2  # blocks: the longest request fits alone, never all three
-    # per rank, float32: 6 target + 2 drafter layers x K,V x 1 KV head (of 2) x 64 x BLOCK positions x 4 B
-    block_bytes = 8 * 2 * 1 * 64 * BLOCK * 4
+    t, d = (json.loads((Path(path) / "config.json").read_text()) for path in builtin)
+    head_dim = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    # per rank, float32: target and drafter layers x K,V x half the KV heads x head_dim x BLOCK positions x 4 B
+    block_bytes = (t["num_hidden_layers"] + d["num_hidden_layers"]) * 2 * t["num_key_value_heads"] // 2 * head_dim \
+        * BLOCK * 4
     served = serving(builtin, tmp_path, tp=2, kv_cache_gib=pool * block_bytes / 2**30, max_num_tokens=16,
-                     draft_len="15")  # auto would calibrate 16 rows at once: this pool cannot hold them
+                     draft_len="3")  # auto would calibrate 16 rows at once: this pool cannot hold them
     srv = next(served)
     order = [0, 1, 2, 0, 0]  # the last, alone after the first again: its full blocks come from the prefix cache
     replies = [None] * len(order)
