@@ -27,7 +27,7 @@ from torch._dynamo.utils import counters
 from trtllm_dflash.engine import load_engine
 from trtllm_dflash.graph_store import inductor_counts
 from trtllm_dflash.request import Request
-pipeline = load_engine(sys.argv[1], step_mode="compile")
+pipeline = load_engine(sys.argv[1], step_mode="compile", max_batch=json.loads(sys.argv[3]))
 loaded = [inductor_counts(), counters["stats"]["unique_graphs"]]
 out = pipeline.generator.generate([Request(p, n, ignore_eos=True) for p, n in json.loads(sys.argv[2])])
 print(json.dumps({"load": loaded, "end": [inductor_counts(), counters["stats"]["unique_graphs"]],
@@ -83,7 +83,7 @@ def only_set(engine) -> Path:
 
 def test_a_copied_engine_loads_its_graphs_and_compiles_nothing(engine, eager_ids, warm_cache, tmp_path):
     moved = copy(engine, tmp_path)
-    done = run(["-c", PROBE, str(moved), json.dumps(PROMPTS)], warm_cache)  # an empty inductor cache
+    done = run(["-c", PROBE, str(moved), json.dumps(PROMPTS), "null"], warm_cache)  # an empty inductor cache
     assert done.returncode == 0, done.stderr[-2000:]
     out = json.loads(done.stdout)
     counts, graphs = out["load"]
@@ -91,6 +91,19 @@ def test_a_copied_engine_loads_its_graphs_and_compiles_nothing(engine, eager_ids
     assert out["end"] == out["load"]  # the requests compiled nothing either, nor traced a new graph
     assert out["ids"] == eager_ids
     assert "warning" not in done.stderr
+
+
+def test_a_one_request_load_traces_the_one_row_graphs_and_its_request_nothing_more(engine, eager_ids, tmp_path):
+    """dflash-generate's load (one request: max_batch 1) warms only the one-row graphs; its request, run to the
+    end, traces no graph the load did not, with an inductor cache of its own (nothing but the engine's set)."""
+    moved = copy(engine, tmp_path)
+    done = run(["-c", PROBE, str(moved), json.dumps(PROMPTS[:1]), "1"], tmp_path / "inductor")
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout)
+    counts, graphs = out["load"]
+    assert counts["compiled"] == 0 and counts["loaded"] > 0 and out["graphs"] == "loaded"
+    assert out["end"] == out["load"]
+    assert out["ids"] == eager_ids[:1]
 
 
 @pytest.mark.parametrize("damage", ["truncate", "foreign"])

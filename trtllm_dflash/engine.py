@@ -48,12 +48,13 @@ def read_torch_manifest(engine_dir: Path) -> Manifest:
 
 
 def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", decoding: str = "dflash",
-                step_mode: str | None = None, stored_graphs: bool = True) -> Pipeline:
+                step_mode: str | None = None, stored_graphs: bool = True, max_batch: int | None = None) -> Pipeline:
     """One rank of a torch engine, reading only that rank's weight files. decoding="plain" skips the
     drafter and decodes autoregressively with the target (the baseline a benchmark compares against).
     step_mode: eager, compile or cuda-graphs (step_mode.py); None: the device's default. Compiled modes load the
     graphs `dflash-build compile` stored for this machine (graph_store.py) unless stored_graphs is False; the
-    seconds spent on each part of the start go to `pipeline.startup`."""
+    seconds spent on each part of the start go to `pipeline.startup`. max_batch: the most requests this process will
+    step together (None: any, as a server; 1: `dflash-generate`'s one request warms only the one-row graphs)."""
     start = time.perf_counter()
     if decoding not in DECODINGS:
         raise DFlashError(f"unknown decoding {decoding!r} (expected one of {', '.join(DECODINGS)})")
@@ -84,7 +85,7 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
         key = graph_key(manifest, pipeline.generator.device, mode.mode, rank)
         stored = use_stored_graphs(engine_dir, key, device, log)
     compiled_before = inductor_counts()["compiled"] if mode.compiled else 0
-    pipeline.warm_up()  # every rank alike: the first request pays no set-up (a served model's included)
+    pipeline.warm_up(max_batch)  # every rank alike: the first request pays no set-up (a served model's included)
     compiled = inductor_counts()["compiled"] - compiled_before if mode.compiled else 0
     pipeline.startup = {"weights_s": weights_s, **pipeline.startup, "graphs": graph_source(mode, stored, compiled)}
     return pipeline
@@ -152,7 +153,7 @@ def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_
 
 def run_rank(engine_dir, rank: int, device: str, requests: list[Request], block_size: int | None,
              draft_len, step_mode: str | None = None) -> list[Result]:
-    generator = load_engine(engine_dir, rank, device, step_mode=step_mode).generator
+    generator = load_engine(engine_dir, rank, device, step_mode=step_mode, max_batch=len(requests)).generator
     log = (lambda line: print(f"dflash: {line}", file=sys.stderr)) if rank == 0 else None
     generator.policy = make_policy(draft_len, generator.block - 1, Path(engine_dir), log)
     return generator.generate(requests, block_size)

@@ -11,7 +11,7 @@ maps each row's (slot's) logical block i = position // BLOCK to a pool block. La
   bounded by the window and the rows, not the context. R keeps every key a later query can see even when a whole
   verified block is rejected (a rejected entry can only shadow a position at least window + 1 behind every later
   query). Prefill writes only each row's last R real positions; the others go to a spare entry R, never read.
-The table ([S, M + 1] int32, M blocks per row and a last column always null) and the pools are fixed tensors
+The table ([S, M + 2] int32, M blocks per row and two last columns always null) and the pools are fixed tensors
 written in place, so compiled and CUDA-graph steps keep static addresses. Which blocks a row holds is decided on
 the host (paging.py); the table is the device copy. Recurrent (linear-attention) layers keep their state per row,
 in state_cache.py.
@@ -45,14 +45,15 @@ class LayerCacheSpec:
 
 
 class BlockTable:
-    """Rows' block tables on the device: table [S, M + 1] int32, entry (row, i) the pool block of the row's
+    """Rows' block tables on the device: table [S, M + 2] int32, entry (row, i) the pool block of the row's
     positions i * BLOCK .. (i + 1) * BLOCK - 1; `null` (= num_blocks) where the row holds none. Shared by the
     target's and the drafter's caches of one generator (their pools have the same number of blocks)."""
 
     def __init__(self, num_rows: int, capacity: int, num_blocks: int, device):
         self.capacity, self.num_blocks, self.null = capacity, num_blocks, num_blocks
         self.max_blocks = blocks_for(capacity + 1)  # positions 0..capacity (a pass's spare key included)
-        self.table = torch.full((num_rows, self.max_blocks + 1), num_blocks, dtype=torch.int32, device=device)
+        # two null columns past max_blocks: FullKV.view reads up to kv_len // BLOCK + 2 blocks
+        self.table = torch.full((num_rows, self.max_blocks + 2), num_blocks, dtype=torch.int32, device=device)
 
     @classmethod
     def contiguous(cls, num_rows: int, capacity: int, device) -> BlockTable:
@@ -107,7 +108,13 @@ class FullKV:
 
     def view(self, rows: slice | Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
         # -> k, v [B, H_kv, kv_len, D], gathered from the rows' blocks (a copy)
-        blocks = self.table.table[rows, : blocks_for(kv_len)].long()  # [B, nb]
+        # kv_len // BLOCK + 2 blocks (the table's last two columns are null, so they exist): at least two, and
+        # always more positions than kv_len, so one compiled graph serves every kv_len. blocks_for(kv_len) gave
+        # each pass four: a span of one block (nb = 1) was specialised, and a span of a whole number of blocks
+        # (the slice below a no-op) guarded apart; a load-time warm-up met only some of them, and requests
+        # compiled the rest (a warm start's generate met kv_len == BLOCK and compiled at its first step). The
+        # price: one or two blocks per row read past the span, never visible (keys past kv_len are sliced off).
+        blocks = self.table.table[rows, : kv_len // BLOCK + 2].long()  # [B, nb]
         return self.gather(self.k, blocks, kv_len), self.gather(self.v, blocks, kv_len)
 
     @staticmethod
@@ -176,7 +183,7 @@ class KVCache:
         """What a pass reads and writes, with the dims an allocation sizes (`step_mode.StepMode.caches`): every
         layer's k and v (full: [N + 1, H_kv, BLOCK, D], window: [S, H_kv, R + 1, D]), the pools [L_full, N + 1,
         H_kv, BLOCK, D] the full layers' views come from (a compiled pass guards on a view's base too), and the
-        block table [S, M + 1]."""
+        block table [S, M + 2]."""
         layers = [(t, (0, 2) if layer.kind == "window" else (0,)) for layer in self.layers for t in (layer.k, layer.v)]
         return layers + [(self.k, (1,)), (self.v, (1,)), (self.table.table, (0, 1))]
 

@@ -31,12 +31,12 @@ class Pipeline:
     def tokenizer(self):
         return self.target.tokenizer
 
-    def warm_up(self) -> None:
+    def warm_up(self, max_batch: int | None = None) -> None:
         """One tiny greedy generation through the real step path, so one-time costs are paid at load and not
         in the first request's TTFT: the context_kv custom op imports torch._dynamo on its first call (about
         1 s on CPU), and kernels initialise on their first pass. The whole block is drafted (the drafter runs);
         every rank of a TP engine runs the same generation, so their collectives match. Compiled steps compile
-        every graph here (`step_mode.compile_step_shapes`)."""
+        every graph here (`step_mode.compile_step_shapes`; max_batch 1: only the one-row graphs)."""
         g = self.generator
         policy, g.policy = g.policy, FixedDraftLen()
         start = time.perf_counter()
@@ -44,7 +44,7 @@ class Pipeline:
             with recording_timer() if g.step_mode.graphs else nullcontext([0.0]) as recording:
                 g.generate([Request((0, 0), g.block + 1, ignore_eos=True)])
                 if g.step_mode.compiled:
-                    compile_step_shapes(g)
+                    compile_step_shapes(g, max_batch)
         finally:
             g.policy = policy
         # graphs: tracing plus compiling (or loading) them; CUDA-graph recording apart
