@@ -188,3 +188,21 @@ def test_a_loop_at_a_low_arrival_rate_admits_at_once(builtin):
         assert not loop.gate.holds(1)
     finally:
         loop.stop()
+
+
+def test_the_probes_fit_a_small_kv_pool_and_never_hit_the_prefix_cache(builtin):
+    """A pool (--kv-cache-gib) smaller than PROBE_ROWS probes at once: fewer rows are probed, none is refused; the
+    probes' prompts are alike, so prefix caching is set aside while they run (each one prefills all of its prompt)
+    and restored after."""
+    from trtllm_dflash.kv_cache import blocks_for
+    from trtllm_dflash.serve.admission import PROBE_TOKENS
+
+    gen = load_pipeline(*builtin).generator
+    gen.allocate(8, 256, gen.block)
+    held = blocks_for(PROBE_TOKENS + gen.block + 1)  # a probe's prompt, its anchor and a block
+    gen.allocate(8, 256, gen.block, num_blocks=3 * held)  # three probes at once, not eight
+    assert gen.pool.prefix_caching
+    assert fixed_cost(gen) >= 0.0 and not gen.slots.running
+    assert gen.pool.prefix_caching and gen.pool.hit_requests == 0 and gen.pool.used() == 0
+    gen.allocate(8, 256, gen.block, num_blocks=held)  # one probe at a time: nothing to group
+    assert fixed_cost(gen) == 0.0

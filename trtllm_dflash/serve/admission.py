@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from ..draft_length.policy import FixedDraftLen
 from ..errors import DFlashError
+from ..kv_cache import blocks_for
 from ..request import Request
 
 MAX_WAIT_S = 0.05  # default cap on how long the gate holds a request
@@ -56,11 +57,14 @@ def fixed_cost(generator, repeats: int = 3, clock=time.perf_counter) -> float:
     and leaves, and the draft-length policy is set aside meanwhile (it learns nothing from these)."""
     if generator.slots is None or generator.slots.running:
         raise DFlashError("measuring the admission cost needs an allocated, idle generator")
-    rows = min(PROBE_ROWS, generator.slots.usable)
     tokens = min(PROBE_TOKENS, generator.capacity - generator.block - 2)  # a probe's prompt must fit the engine
+    held = blocks_for(generator.first_positions(tokens))  # KV blocks one probe holds while admitted
+    rows = min(PROBE_ROWS, generator.slots.usable, generator.pool.num_blocks // held)  # ... and the pool, all rows
     if rows < 2 or tokens < 1:  # one slot: there is never a second request to admit with the first
         return 0.0
     policy, generator.policy = generator.policy, FixedDraftLen(0)
+    # the probes' prompts are alike: with prefix caching every timed admission after the first would reuse them
+    caching, generator.pool.prefix_caching = generator.pool.prefix_caching, False
     try:
         samples = {1: [], rows: []}
         for r in range(repeats + 1):  # the first round untimed: a compiled prefill compiles each shape there
@@ -72,7 +76,7 @@ def fixed_cost(generator, repeats: int = 3, clock=time.perf_counter) -> float:
                 if r:
                     samples[n].append(seconds)
     finally:
-        generator.policy = policy
+        generator.policy, generator.pool.prefix_caching = policy, caching
     one, many = statistics.median(samples[1]), statistics.median(samples[rows])
     return max(0.0, (rows * one - many) / (rows - 1))
 
