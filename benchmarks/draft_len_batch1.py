@@ -5,12 +5,17 @@ What a single user of `dflash-generate` meets: each request runs alone with a fr
 The three decodings run prompt by prompt, in a rotating order, for --repeats rounds, so machine drift lands on
 all three alike. Reported per decoding: tokens/s summed over the prompts per round (median and range over
 rounds), each round's ratio to plain and to the better of plain and 15, and tau (tokens per verify step) per prompt
-over the rounds (its spread: how repeatable one prompt's run is).
+over the rounds (its spread: how repeatable one prompt's run is; `tau_spread_auto` gives each prompt's
+(max - min) / (2 median) and how many prompts stay within +-15 %).
+
+`--load` runs a second busy Python process (one core's worth of spinning) during every other prompt slot,
+alternating by round, so each prompt's repeats meet the machine both with and without it: auto's choices
+must not follow another process's load.
 
 `--blocks` adds the deterministic check behind drafting the whole block (speculative/dflash.py): accepted drafts
 per drafting step at fixed draft lengths k, drafting k+1 tokens versus the whole block and keeping k.
 
-    python benchmarks/draft_len_batch1.py --prompts 10 --repeats 5 --blocks \
+    python benchmarks/draft_len_batch1.py --prompts 8 --repeats 5 --load \
         --output benchmarks/results/draft_len_batch1.json
 """
 
@@ -20,6 +25,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -63,14 +69,32 @@ def run(pipelines, engine: Path, decoding: str, ids) -> dict:
             "output_ids": result.output_ids}
 
 
-def rounds(pipelines, engine, all_ids, repeats: int) -> list[dict]:
+class BackgroundLoad:
+    """A second busy Python process, on while `set(True)`: one core's worth of load from outside the run."""
+
+    def __init__(self):
+        self.proc = None
+
+    def set(self, on: bool) -> None:
+        if on and self.proc is None:
+            self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        elif not on and self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+def rounds(pipelines, engine, all_ids, repeats: int, load: BackgroundLoad | None = None) -> list[dict]:
     out = []
     for r in range(repeats):
         order = DECODINGS[r % 3:] + DECODINGS[: r % 3]
         runs = {d: [] for d in DECODINGS}
         for i, ids in enumerate(all_ids):
+            loaded = load is not None and (i + r) % 2 == 1
+            if load is not None:
+                load.set(loaded)
             for d in order[i % 3:] + order[: i % 3]:
-                runs[d].append(run(pipelines, engine, d, ids))
+                runs[d].append({**run(pipelines, engine, d, ids), "background_load": loaded})
         out.append(runs)
         tps = {d: sum(x["tokens"] for x in runs[d]) / sum(x["seconds"] for x in runs[d]) for d in DECODINGS}
         print(f"round {r}: " + ", ".join(f"{d} {v:.1f} tok/s" for d, v in tps.items()), file=sys.stderr)
@@ -95,6 +119,10 @@ def summary(runs: list[dict]) -> dict:
         "15_over_plain": spread([f / p for f, p in zip(tps["15"], tps["plain"])]),
         "tau_per_prompt": tau,
         "tau_widest_spread_auto": max((t["max"] - t["min"]) / (2 * t["median"]) for t in tau["auto"]),
+        "tau_spread_auto": {"per_prompt": [(t["max"] - t["min"]) / (2 * t["median"]) for t in tau["auto"]],
+                            "within_15pct": sum((t["max"] - t["min"]) / (2 * t["median"]) <= 0.15 for t in tau["auto"]),
+                            "prompts": prompts_n},
+        "tau_auto_runs": [[r["auto"][i]["tau"] for r in runs] for i in range(prompts_n)],
         "drafting_step_share_auto": sum(x["drafting_steps"] for r in runs for x in r["auto"])
         / sum(x["steps"] for r in runs for x in r["auto"]),
         "outputs_identical_to_plain": same,
@@ -133,6 +161,7 @@ def main(argv=None) -> None:
     p.add_argument("--repeats", type=int, default=5, help="rounds over all prompts and decodings (default 5)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--blocks", action="store_true", help="also measure drafting the whole block vs k+1 tokens")
+    p.add_argument("--load", action="store_true", help="a busy background process during every other prompt slot")
     p.add_argument("--output", help="write the JSON here (default: stdout)")
     args = p.parse_args(argv)
     if args.prompts < 1 or args.repeats < 1:
@@ -146,11 +175,18 @@ def main(argv=None) -> None:
         pipelines = {"plain": load_engine(engine, decoding="plain", step_mode="eager"),
                      "dflash": load_engine(engine, step_mode="eager")}
         all_ids = prompts(engine, args.prompts)
+        load = BackgroundLoad() if args.load else None
         with torch.inference_mode():
             report = {"command": "python benchmarks/draft_len_batch1.py " + " ".join(argv or sys.argv[1:]),
                       "device": device_name(torch.device("cpu")), "threads": args.threads,
                       "new_tokens": NEW_TOKENS, "prompts": args.prompts, "repeats": args.repeats,
-                      "summary": summary(rounds(pipelines, engine, all_ids, args.repeats))}
+                      "background_load": "a busy python process in every other prompt slot" if load else None,
+                      "load_average_at_start": os.getloadavg()}
+            try:
+                report["summary"] = summary(rounds(pipelines, engine, all_ids, args.repeats, load))
+            finally:
+                if load is not None:
+                    load.set(False)
             if args.blocks:
                 report["accepted_drafts_per_step"] = blocks(pipelines["dflash"], all_ids)
             report["load_average_at_end"] = os.getloadavg()

@@ -68,6 +68,11 @@ def check_run(run, srv, points, per_point):
         # every batch step drafted 0..block-1 tokens per request; a request is in at most every step
         assert delta["decode_steps"] >= max(r["server_draft_tokens"] > 0 for r in mine)
         assert 0 <= p["draft_len_mean"] <= srv["block"] - 1 and 0 <= p["plain_step_share"] <= 1
+        # the pool's counters over the point: every prompt looked up once at admission (again when preempted)
+        looked_up = sum(r["isl"] for r in mine)
+        assert delta["prefix_tokens"] == looked_up if not delta["preemptions"] else delta["prefix_tokens"] > looked_up
+        assert p["preemptions"] == delta["preemptions"]
+        assert 0 <= p["prefix_hit_rate"] <= 1
         assert p["output_tokens"] == 16 * per_point and p["total_throughput_per_gpu"] > 0
         tpots = [r["tpot_s"] for r in mine if r["tpot_s"] is not None]
         assert p["tpot_undefined"] == per_point - len(tpots)

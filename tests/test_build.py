@@ -159,6 +159,13 @@ def test_inspect_and_verify(pairs, tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["tp_size"] == 2 and info["dtype"] == "bfloat16" and len(info["files"]) == 9
     assert info["build_command"].startswith("dflash-build --target ")
+    assert build_main(["inspect", str(out)]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("kv pool")]
+    t, d = (json.loads((out / role / "config.json").read_text()) for role in ("target", "drafter"))
+    head_dim = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    # per rank: K and V of every target and drafter layer, half the KV heads, bfloat16
+    per_token = (t["num_hidden_layers"] + d["num_hidden_layers"]) * 2 * t["num_key_value_heads"] // 2 * head_dim * 2
+    assert f"{per_token:,} B of K/V per token per rank (bfloat16" in line
     assert build_main(["verify", str(out)]) == 0
     assert capsys.readouterr().out.strip().endswith("engine OK")
     shard = out / "drafter" / "rank1.safetensors"

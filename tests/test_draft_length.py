@@ -601,7 +601,7 @@ def test_live_correction_learns_each_kind_bounded_and_shrunk():
 
     from trtllm_dflash.draft_length.live_cost import CorrectionSettings, StepCostCorrection
 
-    c = StepCostCorrection(CorrectionSettings(decay=0.9, prior_weight=1.0, bounds=(0.5, 3.0)))
+    c = StepCostCorrection(CorrectionSettings(decay=0.9, prior_weight=1.0, bounds=(0.5, 3.0), noise=0.0))
     assert c.factors() == (1.0, 1.0)
     c.observe(4, measured_s=2.0, predicted_s=1.0)  # one drafting step at twice its prediction
     plain, drafting = c.factors()
@@ -634,6 +634,78 @@ def test_measured_steps_turn_a_policy_that_drafts_on_an_underestimated_cost_to_p
     weight = (1 - 0.9 ** 20) / (1 - 0.9)  # 20 timed drafting steps, decayed, beside 1 prior step
     assert policy.describe()["live_cost_factors"]["drafting"] == pytest.approx(3.0 ** (weight / (weight + 1)))
 
+
+def reference_log_factor(ratios, decay, prior_weight, bounds, noise):
+    """Independent reference for one kind's live factor: explicit weights decay^age, the weighted mean of the log
+    ratios shrunk by prior_weight pseudo-steps of 0, minus `noise` standard errors (Kish effective steps)."""
+    import math
+
+    x = [math.log(min(bounds[1], max(bounds[0], r))) for r in ratios]
+    w = [decay ** (len(x) - 1 - i) for i in range(len(x))]
+    total, weight = sum(a * b for a, b in zip(w, x)), sum(w)
+    shrunk = total / (weight + prior_weight)
+    if noise == 0:
+        return shrunk
+    if len(x) < 2:
+        return 0.0
+    mean = total / weight
+    effective = weight ** 2 / sum(a * a for a in w)
+    variance = sum(a * (b - mean) ** 2 for a, b in zip(w, x)) / weight * effective / (effective - 1)
+    band = noise * math.sqrt(variance / effective)
+    return math.copysign(max(abs(shrunk) - band, 0.0), shrunk)
+
+
+@pytest.mark.parametrize("noise", [0.0, 2.0])
+def test_live_correction_matches_a_reference_and_ignores_evidence_inside_its_own_spread(noise):
+    import math
+
+    from trtllm_dflash.draft_length.live_cost import CorrectionSettings, StepCostCorrection
+
+    settings = CorrectionSettings(decay=0.9, prior_weight=1.0, bounds=(0.5, 3.0), noise=noise)
+    rng = random.Random(1)
+    for ratios in ([2.0], [2.0, 2.0], [1.3, 0.8, 1.6, 0.9, 1.1], [rng.lognormvariate(0.2, 0.3) for _ in range(40)],
+                   [5.0, 0.1, 1.0]):
+        c = StepCostCorrection(settings)
+        for r in ratios:
+            c.observe(3, measured_s=r * 0.01, predicted_s=0.01)
+        want = reference_log_factor(ratios, 0.9, 1.0, (0.5, 3.0), noise)
+        assert c.factors()[0] == 1.0 and math.log(c.factors()[1]) == pytest.approx(want, abs=1e-6)
+    if noise:
+        c = StepCostCorrection(settings)
+        c.observe(0, 2.0, 1.0)  # one step: no spread known, no correction
+        assert c.factors() == (1.0, 1.0)
+        for r in (1.3, 0.8, 1.6, 0.9, 1.1):  # a busy machine's steps around the calibration: inside their spread
+            c.observe(0, r, 1.0)
+        assert c.factors() == (1.0, 1.0)
+        for _ in range(20):  # a steady 2x overrun (served overhead): learned nearly as the plain shrunk mean
+            c.observe(5, 2.0 * rng.uniform(0.97, 1.03), 1.0)
+        assert 1.8 < c.factors()[1] < 2.0 ** (10 / 11) * 1.03
+
+
+@pytest.mark.parametrize("noise", [0.0, 2.0])
+def test_a_busy_machines_step_noise_does_not_flip_a_clear_drafting_choice(noise, monkeypatch):
+    """Calibrated: drafting at acceptance 0.7 beats plain by about 1.25x. Timed steps then scatter around the
+    calibration with no bias (log-normal, sigma 0.5: another process's load comes and goes). The noise-blind
+    correction (noise 0) follows a run of slow drafting steps to plain, and there it stays until a drafting step
+    is timed again (plain choices are kept, no probe is due): in 6 seeded runs of 300 steps it ran hundreds of
+    plain steps. With its dead band every step drafts, as the unbiased truth says it should."""
+    from trtllm_dflash.draft_length.live_cost import CorrectionSettings, StepCostCorrection
+
+    monkeypatch.setattr("trtllm_dflash.draft_length.policy.StepCostCorrection",
+                        lambda: StepCostCorrection(CorrectionSettings(noise=noise)))
+    cost = linear_cost(plain=1.0, per_draft=0.05, draft_overhead=1.6)
+    seconds, plain_steps = cost.step_seconds(1, 100, K), 0
+    for seed in range(6):
+        policy = prepared(cost, probe=ProbeSettings(first=10**9))
+        feed(policy.acceptance, [0], 0.7, steps=50)
+        rates = policy.expected_rates(view([0]))
+        assert 1.2 < rates[1:].max() / rates[0] < 1.3
+        rng = random.Random(seed)
+        for _ in range(300):
+            k = policy.choose(view([0]))
+            plain_steps += k == 0
+            policy.timed(1, 100, k, seconds[k] * rng.lognormvariate(0.0, 0.5))
+    assert (plain_steps == 0) if noise else (plain_steps > 100)
 
 def rejections_until_plain(policy, batch: int, steps: int = 200) -> tuple[int, int]:
     """A batch drafting at acceptance 0.9 for 40 steps, then rejecting every draft: -> (the first step of the

@@ -121,3 +121,19 @@ def test_tiny_pool_and_chunked_prefill_keep_transformers_output(kind, tmp_path, 
     assert gen.preemptions > 0
     assert not gen.pool.prefix_caching  # these tiny models all have sliding-window or recurrent layers
     assert "prefix caching is off for this target" in caplog.text
+
+
+def test_calibration_fits_the_pool_or_says_why_not(hf_target, random_drafter):
+    """A pool smaller than max_batch x max_seq_len: the step-cost calibration holds its largest batch at the longest
+    context the pool can hold for all of it at once, and a pool too small for that batch is refused in one line."""
+    from trtllm_dflash.draft_length.calibrate import CalibrationPlan, measure
+    from trtllm_dflash.errors import DFlashError
+
+    gen = load_pipeline(hf_target[1], random_drafter).generator
+    gen.allocate(4, 256, 4, num_blocks=12)  # 3 blocks a row: 48 positions less the anchor and a block of 4
+    plan = CalibrationPlan((1, 4), (0, 3), (40, 251), repeats=1)
+    model = measure(gen, plan)
+    assert model.contexts == (40, 43) and gen.pool.used() == 0
+    gen.allocate(4, 256, 4, num_blocks=3)  # not a block a row
+    with pytest.raises(DFlashError, match=r"KV pool \(3 blocks of 16\) cannot hold 4 requests"):
+        measure(gen, plan)

@@ -6,6 +6,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -17,8 +18,9 @@ pytest.importorskip("tritonclient")
 MAX_NEW = 24
 
 
-def serving(builtin, root, tp=1, decoding="dflash", step_mode="auto"):
-    """Build a tiny torch engine, serve it; yields the server's description; asserts a clean stop."""
+def serving(builtin, root, tp=1, decoding="dflash", step_mode="auto", **settings):
+    """Build a tiny torch engine, serve it; yields the server's description; asserts a clean stop.
+    settings: more ServeSettings fields (the KV pool's)."""
     from trtllm_dflash.builder.builder import build_engine
     from trtllm_dflash.builder.spec import BuildSpec
     from trtllm_dflash.serve.locate import find_tritonserver
@@ -27,7 +29,8 @@ def serving(builtin, root, tp=1, decoding="dflash", step_mode="auto"):
 
     engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(root / "engine"), dtype="float32",
                                     max_batch_size=16, max_seq_len=512, tp=tp), "test")
-    write_repository(engine, root / "repo", ServeSettings("dflash", max_queue=64, decoding=decoding, step_mode=step_mode))
+    write_repository(engine, root / "repo", ServeSettings("dflash", max_queue=64, decoding=decoding, step_mode=step_mode,
+                                                           **settings))
     ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
     log = open(root / "server.log", "w")
     proc = start_server(find_tritonserver(root / "triton"), root / "repo", ends, log)
@@ -288,6 +291,52 @@ def test_tensor_parallel_engine_inside_triton(builtin, tmp_path):
         next(served)  # clean shutdown: exit code 0
     leftover = subprocess.run(["pgrep", "-f", f"tp_worker {srv['engine']}"], capture_output=True, text=True)
     assert leftover.stdout == ""
+
+
+def test_tensor_parallel_paged_pool_preempts_chunks_and_reuses_prefixes(builtin, tmp_path):
+    """TP=2 with a KV pool smaller than three requests at once, prompts prefilled 16 tokens a step and prefix
+    caching: both ranks admit, preempt, stage and reuse alike (lockstep), and every text equals
+    dflash-generate --engine's, which runs each rank with a pool for every request at full length."""
+    from transformers import AutoTokenizer
+
+    from trtllm_dflash.kv_cache import BLOCK, blocks_for
+
+    prompts = [text_prompt(i) for i in range(3)]
+    tokens = [len(AutoTokenizer.from_pretrained(builtin[0])(p)["input_ids"]) for p in prompts]
+    need = [blocks_for(n + MAX_NEW + 16 + 1) for n in tokens]  # prompt, output, the anchor and a block of 16
+    pool = max(need) + 2  # blocks: the longest request fits alone, never all three
+    t, d = (json.loads((Path(path) / "config.json").read_text()) for path in builtin)
+    head_dim = t.get("head_dim") or t["hidden_size"] // t["num_attention_heads"]
+    # per rank, float32: target and drafter layers x K,V x half the KV heads x head_dim x BLOCK positions x 4 B
+    block_bytes = (t["num_hidden_layers"] + d["num_hidden_layers"]) * 2 * t["num_key_value_heads"] // 2 * head_dim \
+        * BLOCK * 4
+    served = serving(builtin, tmp_path, tp=2, kv_cache_gib=pool * block_bytes / 2**30, max_num_tokens=16,
+                     draft_len="3")  # auto would calibrate 16 rows at once: this pool cannot hold them
+    srv = next(served)
+    order = [0, 1, 2, 0, 0]  # the last, alone after the first again: its full blocks come from the prefix cache
+    replies = [None] * len(order)
+
+    def ask(i):
+        replies[i] = post(srv, "generate", body(prompts[order[i]]))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    ask(3)
+    ask(4)
+    counts = metrics(srv)
+    assert counts["dflash_kv_cache_blocks"] == pool and sum(need) > pool
+    assert counts["dflash_prefix_cache_hit_requests_total"] >= 1
+    assert counts["dflash_prefix_cache_hit_tokens_total"] >= (tokens[0] // BLOCK - 1) * BLOCK
+    for i, reply in zip(order, replies):
+        out = subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.generate", "--engine", str(srv["engine"]),
+                              "--prompt", prompts[i], "--max-new-tokens", str(MAX_NEW), "--ignore-eos", "--json"],
+                             capture_output=True, text=True, check=True)
+        assert reply["text_output"] == prompts[i] + json.loads(out.stdout)["text"]
+    with pytest.raises(StopIteration):
+        next(served)
 
 
 def test_plain_decoding_serves_the_same_text_without_drafts(builtin, tmp_path):

@@ -101,6 +101,31 @@ def graph_source(mode: StepMode, stored: bool, compiled: int) -> str:
     return "loaded" if stored else "inductor's local cache"
 
 
+def kv_pool_lines(engine_dir: Path) -> list[str]:
+    """`dflash-build inspect`: what the paged KV pool holds per rank, from the models built on the meta device (no
+    weights read): bytes of K/V per token (target and drafter context), tokens per GiB of --kv-cache-gib, and the
+    pool a CPU server sizes by default (every row at max_seq_len)."""
+    from .kv_cache import BLOCK, blocks_for
+    from .models.drafter import DFlashDrafter
+    from .models.target import build_target
+
+    manifest = read_torch_manifest(engine_dir)
+    tp, dtype = Parallel(0, manifest.tp_size), DTYPES[manifest.dtype]
+    t_dir, d_dir = engine_dir / "target", engine_dir / "drafter"
+    with torch.device("meta"):
+        target = build_target(TargetConfig.from_dict(read_config_json(t_dir), str(t_dir / "config.json")), tp)
+        drafter = DFlashDrafter(DrafterConfig.from_dict(read_config_json(d_dir), str(d_dir / "config.json")), tp)
+    generator = Generator(target.to(dtype), DFlashProposer(drafter.to(dtype), target, context_kv="unfused"), set())
+    per_block = generator.block_bytes()
+    if not per_block:
+        return ["kv pool      nothing paged (every layer keeps a window ring or recurrent state per row)"]
+    limits = manifest.limits
+    default = limits["max_batch_size"] * blocks_for(limits["max_seq_len"] + 1)  # Generator.allocate's default
+    return [f"kv pool      {per_block / BLOCK:,.0f} B of K/V per token per rank ({manifest.dtype}, target and drafter "
+            f"context); --kv-cache-gib 1 holds {2**30 // per_block * BLOCK:,} tokens; the CPU default "
+            f"(max_batch_size x max_seq_len) {default * BLOCK:,} tokens = {default * per_block / 2**30:.2f} GiB"]
+
+
 def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,
                          device: str = "cpu", draft_len: str | int | None = AUTO,
                          threads: int | None = None, step_mode: str | None = None) -> list[Result]:

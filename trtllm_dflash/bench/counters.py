@@ -20,6 +20,9 @@ COUNTERS = {
     "decode_steps": "dflash_decode_steps_total",  # batch steps
     "plain_steps": "dflash_plain_steps_total",  # ... that drafted nothing
     "draft_len_sum": "dflash_step_draft_length_sum",  # the draft-length histogram's sum over batch steps
+    "prefix_hit_tokens": "dflash_prefix_cache_hit_tokens_total",  # torch engines' paged KV pool (docs/paged-kv.md)
+    "prefix_tokens": "dflash_prefix_cache_queried_tokens_total",
+    "preemptions": "dflash_preemptions_total",
 }
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
@@ -61,6 +64,15 @@ def draft_lengths(delta: dict[str, float] | None) -> tuple[float | None, float |
     if not steps or "draft_len_sum" not in delta or "plain_steps" not in delta:
         return None, None
     return delta["draft_len_sum"] / steps, delta["plain_steps"] / steps
+
+
+def prefix_cache(delta: dict[str, float] | None) -> tuple[float | None, float | None]:
+    """-> (share of prompt tokens whose KV came from the prefix cache, preemptions) over the point; None where the
+    server does not export them (TensorRT-LLM engines) or looked up no prompt."""
+    delta = delta or {}
+    queried = delta.get("prefix_tokens", 0)
+    hit_rate = delta["prefix_hit_tokens"] / queried if queried and "prefix_hit_tokens" in delta else None
+    return hit_rate, delta.get("preemptions")
 
 
 def acceptance(delta: dict[str, float] | None) -> tuple[float | None, float | None]:

@@ -103,8 +103,9 @@ def summarize_point(point: LoadPoint, records: Sequence[RequestRecord], num_gpus
     summary.update(throughput(records, wall, num_gpus))
     length, rate = counters.acceptance(counter_delta)
     draft_len, plain_share = counters.draft_lengths(counter_delta)
+    prefix_hit_rate, preemptions = counters.prefix_cache(counter_delta)
     summary.update({"acceptance_length": length, "acceptance_rate": rate, "draft_len_mean": draft_len,
-                    "plain_step_share": plain_share,
+                    "plain_step_share": plain_share, "prefix_hit_rate": prefix_hit_rate, "preemptions": preemptions,
                     "acceptance_rate_responses": response_acceptance(records), "counters": counter_delta})
     return summary
 

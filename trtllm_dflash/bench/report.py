@@ -198,6 +198,7 @@ POINT_COLUMNS = [  # header, summary keys (shown "a / b"), format
     ("AL (counters)", ("acceptance_length",), ".2f"),
     ("acceptance (counters / responses)", ("acceptance_rate", "acceptance_rate_responses"), ".3f"),
     ("draft length mean / plain-step share", ("draft_len_mean", "plain_step_share"), ".2f"),
+    ("prefix hit rate (tokens) / preemptions", ("prefix_hit_rate", "preemptions"), ".2f"),
 ]
 
 

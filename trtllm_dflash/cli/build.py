@@ -6,6 +6,7 @@ import argparse
 import json
 import shlex
 import sys
+from pathlib import Path
 from dataclasses import replace
 
 from ..builder.manifest import Manifest
@@ -111,9 +112,10 @@ def run_inspect(argv: list[str]) -> int:
     for key, value in m.backend_details.items():
         print(f"{key:<12} {value}")
     if m.backend == "torch":
+        from ..engine import kv_pool_lines
         from ..graph_store import inspect_lines
 
-        print("\n".join(inspect_lines(args.engine_dir)))
+        print("\n".join(kv_pool_lines(Path(args.engine_dir)) + inspect_lines(args.engine_dir)))
     return 0
 
 

@@ -25,12 +25,13 @@ import hashlib
 import json
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from ..errors import DFlashError
+from ..kv_cache import BLOCK
 from ..request import Request
 from .cost import CostModel, monotone
 
@@ -91,6 +92,7 @@ def measure(generator, plan: CalibrationPlan, clock=time.perf_counter) -> CostMo
     if plan.batch_sizes[-1] > slots or plan.contexts[-1] > longest or plan.draft_lens[-1] > generator.block - 1:
         raise DFlashError(f"calibration plan {plan} exceeds the allocation ({slots} slots, contexts up to {longest}, "
                           f"draft length up to {generator.block - 1})")
+    plan = within_pool(generator, plan)
     start = time.perf_counter()
     samples = {}
     for batch in plan.batch_sizes:
@@ -105,9 +107,23 @@ def measure(generator, plan: CalibrationPlan, clock=time.perf_counter) -> CostMo
     return CostModel(plan.batch_sizes, plan.draft_lens, plan.contexts, seconds, meta)
 
 
+def within_pool(generator, plan: CalibrationPlan) -> CalibrationPlan:
+    """The plan with its contexts cut to the longest at which the KV pool holds its largest batch at once (a pool
+    sized by --kv-cache-gib may hold fewer positions than max_batch_size x max_seq_len); the cost model
+    extrapolates past its longest context. A pool too small for that batch at any context is refused."""
+    rows = plan.batch_sizes[-1]
+    fits = generator.pool.num_blocks // rows * BLOCK - generator.block - 1  # positions per row less anchor, block
+    if fits < 1:
+        raise DFlashError(f"the KV pool ({generator.pool.num_blocks} blocks of {BLOCK}) cannot hold {rows} requests "
+                          f"at once to calibrate the step cost: give a larger --kv-cache-gib, a smaller "
+                          f"--max-batch-size, or a fixed --draft-len")
+    return replace(plan, contexts=tuple(sorted({min(c, fits) for c in plan.contexts})))
+
+
 def measure_batch(generator, plan: CalibrationPlan, batch: int, clock) -> dict[tuple, list[float]]:
     """-> {(context, batch, draft_len): [seconds per repeat]} for one batch size."""
-    budget = generator.capacity - generator.block - 2  # max_new_tokens that still validates
+    # max_new_tokens that still validates, against the engine's capacity and the pool's blocks
+    budget = min(generator.capacity, generator.pool.num_blocks * BLOCK) - generator.block - 2
     requests = [Request((0,), budget, ignore_eos=True) for _ in range(batch)]
     sequences = generator.admit(requests, drafting=True)  # whatever the policy says of newcomers: k is the plan's
     samples: dict[tuple, list[float]] = {}

@@ -11,6 +11,16 @@ predicted) over the steps of its kind, shrunk toward 1 while evidence is thin an
 stray step (a page fault, a preempted thread) cannot make a kind look free or prohibitive. A padded shape's
 first steps since the allocation (CUDA graphs' warm-up and recording, 16-26 ms against 2-3 ms steady on an
 H100) are not fed at all (`Generator.settled`).
+
+On a shared machine a step's time also follows other processes' load, which comes and goes over a few steps.
+The policy compares plain and drafting costs, so only the two factors' ratio moves its choice, and each factor
+rests on the steps of its kind timed most recently: a run of slow drafting steps (another process busy then)
+priced drafting up, the policy turned plain, and with no drafting step timed the factor stayed there until
+the next probe. Identical `dflash-generate` runs on the built-in pair then chose differently (tau of one
+prompt 1.0-6.7 over three runs, benchmarks/results/draft_len_batch1.json before this rule). So a factor moves
+only by as much as its mean exceeds `noise` standard errors of that mean, from the kind's own step-to-step
+spread (a soft threshold; one step shows no spread and moves nothing): a steady overrun (a server's own
+overhead: every step alike) is still learned, scatter around the calibration is not.
 """
 
 from __future__ import annotations
@@ -26,26 +36,50 @@ class CorrectionSettings:
     decay: float = 0.9  # per timed step of a kind: its memory is about 1 / (1 - decay) = 10 steps
     prior_weight: float = 1.0  # pseudo-steps of ratio 1 behind each factor
     bounds: tuple[float, float] = (0.5, 3.0)  # each step's ratio is clipped to this range
+    # A factor moves only by as much as its mean log ratio exceeds this many standard errors of that mean (a dead
+    # band the size of the kind's own measured step-to-step spread; with fewer than two steps of a kind, no
+    # spread is known and the factor stays 1). 0: the plain shrunk mean.
+    noise: float = 2.0
 
 
 class StepCostCorrection:
     def __init__(self, settings: CorrectionSettings = CorrectionSettings()):
         self.settings = settings
         self.log_sum = [0.0, 0.0]  # [plain, drafting]: decayed sums of log(measured / predicted)
+        self.square_sum = [0.0, 0.0]  # ... of their squares
         self.weight = [0.0, 0.0]  # decayed step counts
+        self.weight_sq = [0.0, 0.0]  # decayed sums of the squared weights (effective steps: weight^2 / weight_sq)
 
     def observe(self, draft_len: int, measured_s: float, predicted_s: float) -> None:
         if not (measured_s > 0 and predicted_s > 0):
             return
         low, high = self.settings.bounds
         kind, d = int(draft_len > 0), self.settings.decay
-        self.log_sum[kind] = d * self.log_sum[kind] + math.log(min(high, max(low, measured_s / predicted_s)))
+        ratio = math.log(min(high, max(low, measured_s / predicted_s)))
+        self.log_sum[kind] = d * self.log_sum[kind] + ratio
+        self.square_sum[kind] = d * self.square_sum[kind] + ratio * ratio
         self.weight[kind] = d * self.weight[kind] + 1.0
+        self.weight_sq[kind] = d * d * self.weight_sq[kind] + 1.0
 
     def factors(self) -> tuple[float, float]:
         """-> (plain, drafting) multipliers of the calibrated seconds."""
-        w = self.settings.prior_weight
-        return tuple(math.exp(s / (n + w)) for s, n in zip(self.log_sum, self.weight))
+        return tuple(math.exp(self.log_factor(kind)) for kind in (0, 1))
+
+    def log_factor(self, kind: int) -> float:
+        """The kind's decayed mean log ratio shrunk toward 0 by `prior_weight` pseudo-steps, then by `noise`
+        standard errors of the mean (soft threshold): evidence inside the kind's own step-to-step spread moves
+        nothing."""
+        s, total, n, n2 = self.settings, self.log_sum[kind], self.weight[kind], self.weight_sq[kind]
+        shrunk = total / (n + s.prior_weight) if n > 0 else 0.0
+        if s.noise <= 0:
+            return shrunk
+        effective = n * n / n2 if n2 > 0 else 0.0  # Kish's effective number of steps behind the decayed mean
+        if effective < 1.5:  # one step (two steps weigh 1.99)
+            return 0.0
+        mean = total / n
+        variance = max(self.square_sum[kind] / n - mean * mean, 0.0) * effective / (effective - 1.0)
+        band = s.noise * math.sqrt(variance / effective)
+        return math.copysign(max(abs(shrunk) - band, 0.0), shrunk)
 
     def apply(self, seconds: np.ndarray) -> np.ndarray:
         """seconds [K + 1] at draft length 0..K -> corrected (a new array)."""
