@@ -161,12 +161,16 @@ def test_logits_and_hidden_states_after_rollback(gemma):
 
 def test_cache_keeps_the_window_and_nothing_for_shared_layers(gemma):
     """Layers 0-3 compute K/V: sliding 0, 1, 3 in rings of window + block - 1 (and a spare) with head_dim 8,
-    full layer 2 over the whole capacity with head_dim 16 and its one K/V head; layers 4 and 5 keep nothing."""
+    full layer 2 paged (pool blocks for the whole capacity of both rows, and a null block) with head_dim 16 and its
+    one K/V head; layers 4 and 5 keep nothing."""
+    from trtllm_dflash.kv_cache import BLOCK, blocks_for
+
     _, path, _ = gemma
     target = load_target(path).model
     cache = target.new_cache(2, 1000, 16)
     assert [layer.kind for layer in cache.layers] == ["window", "window", "full", "window"]
-    assert [layer.k.shape for layer in cache.layers] == [(2, 2, 6 + 16 - 1 + 1, 8)] * 2 + [(2, 1, 1001, 16)] + [
+    pool = (2 * blocks_for(1000 + 1) + 1, 1, BLOCK, 16)  # positions 0..capacity per row
+    assert [layer.k.shape for layer in cache.layers] == [(2, 2, 6 + 16 - 1 + 1, 8)] * 2 + [pool] + [
         (2, 2, 6 + 16 - 1 + 1, 8)]
     assert [layer.cache_index for layer in target.model.layers] == [0, 1, 2, 3, 3, 2]
 
