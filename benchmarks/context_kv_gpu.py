@@ -76,7 +76,6 @@ def floor_bytes(shape: dict, n: int, elt: int) -> int:
 
 
 def run_case(drafter, weights, shape, tokens, batch, device, dtype) -> dict:
-    from trtllm_dflash.models.attention import ForwardContext
     from trtllm_dflash.plugins.context_kv.op import write_context_kv
 
     g = torch.Generator(device=device).manual_seed(tokens * 1000 + batch)
@@ -84,17 +83,21 @@ def run_case(drafter, weights, shape, tokens, batch, device, dtype) -> dict:
     starts = torch.randint(0, 4096, (batch,), generator=g, device=device)
     positions = starts[:, None] + torch.arange(tokens, device=device)
     slots = torch.arange(batch, device=device)
-    cache = drafter.new_cache(batch, 4096 + tokens)
-    ctx = ForwardContext(positions, cache, slots)
+    # the kernel's own per-slot layout k, v [L, S, H_kv, C, D] (the runtime's paged pool is written in PyTorch)
+    layout = (shape["layers"], batch, shape["kv_heads"], 4096 + tokens + 1, shape["head_dim"])
+    k_cache = torch.zeros(layout, device=device, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    index = (slots[:, None], slice(None), positions)  # k, v [B, T, H_kv, D] at positions [B, T] of slots [B]
 
     def unfused():
-        for layer, (k, v) in zip(cache.layers, drafter.context_kv(features, positions)):
-            layer.write(ctx, k, v)
+        for layer, (k, v) in enumerate(drafter.context_kv(features, positions)):
+            k_cache[layer][index] = k
+            v_cache[layer][index] = v
 
     flat = (features.view(batch * tokens, -1), positions.view(-1), slots[:, None].expand(batch, tokens).reshape(-1))
 
     def fused():
-        write_context_kv(*flat, weights, cache.k, cache.v)
+        write_context_kv(*flat, weights, k_cache, v_cache)
 
     with torch.inference_mode():
         t_unfused, t_fused = timed(unfused, device), timed(fused, device)

@@ -94,7 +94,10 @@ def test_sliding_layers_keep_only_the_window(moe_target):
     rings = [layer for layer in cache.layers if layer.kind == "window"]
     assert sliding and len(rings) == sliding and cache.k.shape[0] == cfg.num_hidden_layers - sliding
     assert all(ring.k.shape[2] == cfg.sliding_window + 16 - 1 + 1 for ring in rings)  # window + block - 1, a spare
-    assert cache.capacity == 1000 and cache.k.shape[3] == 1000 + 1  # full layers: the capacity and a spare
+    # full layers: a pool of blocks for both rows' positions 0..capacity (the last a spare), and a null block
+    from trtllm_dflash.kv_cache import BLOCK, blocks_for
+
+    assert cache.capacity == 1000 and cache.k.shape[1:4:2] == (2 * blocks_for(1000 + 1) + 1, BLOCK)
 
 
 def test_gpt_oss_style_drafter_matches_the_reference(moe_target, tmp_path):
