@@ -111,8 +111,6 @@ def within_pool(generator, plan: CalibrationPlan) -> CalibrationPlan:
     """The plan with its contexts cut to the longest at which the KV pool holds its largest batch at once (a pool
     sized by --kv-cache-gib may hold fewer positions than max_batch_size x max_seq_len); the cost model
     extrapolates past its longest context. A pool too small for that batch at any context is refused."""
-    if getattr(generator, "pool", None) is None:  # a generator that pages nothing
-        return plan
     rows = plan.batch_sizes[-1]
     fits = generator.pool.num_blocks // rows * BLOCK - generator.block - 1  # positions per row less anchor, block
     if fits < 1:
@@ -125,8 +123,7 @@ def within_pool(generator, plan: CalibrationPlan) -> CalibrationPlan:
 def measure_batch(generator, plan: CalibrationPlan, batch: int, clock) -> dict[tuple, list[float]]:
     """-> {(context, batch, draft_len): [seconds per repeat]} for one batch size."""
     # max_new_tokens that still validates, against the engine's capacity and the pool's blocks
-    pool = getattr(generator, "pool", None)
-    budget = min(generator.capacity, pool.num_blocks * BLOCK if pool else generator.capacity) - generator.block - 2
+    budget = min(generator.capacity, generator.pool.num_blocks * BLOCK) - generator.block - 2
     requests = [Request((0,), budget, ignore_eos=True) for _ in range(batch)]
     sequences = generator.admit(requests, drafting=True)  # whatever the policy says of newcomers: k is the plan's
     samples: dict[tuple, list[float]] = {}
