@@ -80,6 +80,38 @@ class Slots:
         return free[: len(free) - self.reserved]
 
 
+@dataclass
+class StepPlan:
+    """One step as decided on the host before anything runs (`Generator.plan`)."""
+
+    running: list[Sequence]  # the rows' requests, in slot order: row i holds slot i
+    k: int  # draft length (0: a plain step)
+    keeping: list[bool]  # per row: the request keeps the drafter's context (False: plain-only)
+    rows: int  # rows of the passes: len(running), or padded up to a bucket with free slots
+    width: int  # tokens per row of the target's pass: k + 1, or padded
+    params: list[SamplingParams]  # per running row
+
+    @property
+    def mixed(self) -> bool:
+        """A drafting step with plain-only rows riding along (see `Generator.propose`)."""
+        return self.k > 0 and not all(self.keeping)
+
+
+@dataclass
+class Verified:
+    """The target's verdict on a step, on its real rows (device tensors; B = len(running), T = tokens kept per
+    row: width, or 1 for a plain step padded to 2)."""
+
+    slots: torch.Tensor  # [B] long
+    starts: torch.Tensor  # [B] long, committed lengths before the step
+    positions: torch.Tensor  # [B, T] long
+    drafts: torch.Tensor  # [B, T - 1] long
+    features: torch.Tensor | None  # [B, T, ...] the captured target layers' outputs (None: none captured)
+    num_accepted: torch.Tensor  # [B] long, drafts accepted
+    bonus: torch.Tensor  # [B] long, the token sampled after them: the next anchor
+    shape: tuple[int, int, int]  # the padded pass: (rows, width, key span)
+
+
 class Generator:
     def __init__(self, target: TargetModel, proposer: Proposer, default_stop_ids: tuple[int, ...] = ()):
         self.target, self.proposer = target, proposer
@@ -429,11 +461,12 @@ class Generator:
     def step(self, draft_len: int | None = None) -> list[Sequence]:
         """One speculative step for every running sequence: draft k tokens, verify them, accept a prefix.
 
-        Phases: `reserve` (every running request's next blocks, preempting when the pool is full), `resume`
-        (preempted requests, when blocks allow), `advance_prefill` (one chunk of a staged long prompt), then the
-        speculative step. k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
-        Rows are the running sequences, which hold slots 0..B-1 (`compact` moves them there when a free slot lies
-        among them); padded steps (CUDA graphs) add free slots as rows, whose table rows point at the null block.
+        Phases: paging's `reserve` (every running request's next blocks, preempting when the pool is full),
+        `resume` (preempted requests, when blocks allow) and `advance_prefill` (one chunk of a staged long prompt);
+        then the speculative step's `plan` (rows, k, padded shape: host only), `draft`, `verify` (the target's pass
+        and acceptance), `advance` (device state), `read_tokens` (the step's one host sync), `keep_context` (the
+        drafter's context of the kept tokens), `learn` (the draft-length policy) and `record` (results, emitted
+        tokens). k = draft_len, else the policy's choice; k = 0 runs the target alone on each last token.
         -> the sequences that ran (finished ones have `done` set and have left their slots), and a staged one
         whose first token finished it."""
         self.reserve()
@@ -441,82 +474,119 @@ class Generator:
         ready = self.advance_prefill()
         if not self.slots.running:
             return ready
+        plan = self.plan(draft_len)
+        self.step_mode.begin_step()
+        began = time.perf_counter()
+        batch = self.step_batch(plan)
+        drafts, draft_probs = self.draft(batch, plan.running, plan.keeping, plan.k, plan.width - 1, plan.mixed)
+        verified = self.verify(plan, batch, drafts, draft_probs)
+        self.advance(plan, verified)
+        drafted, accepted, bonuses = self.read_tokens(verified.drafts, verified.num_accepted, verified.bonus)
+        self.keep_context(plan, verified, accepted)
+        now = time.perf_counter()
+        self.learn(plan, verified.shape, accepted, now - began)
+        self.record(plan, drafted, accepted, bonuses, now)
+        return ready + plan.running
+
+    def plan(self, draft_len: int | None) -> StepPlan:
+        """The step's rows (running requests in slot order, compacted to slots 0..n-1), draft length and padded
+        shape, decided on the host. Before a drafting step, the prompts' deferred drafter context is written:
+        admission's cost, which no step model prices (the plain steps' is the drafting step's, timed with it)."""
         running = [self.slots.running[slot] for slot in sorted(self.slots.running)]
-        n = len(running)
         k = self.draft_len(running) if draft_len is None else draft_len
         keeping = [s.drafting for s in running]  # after draft_len: it may stop some requests drafting
         if not any(keeping):  # the drafter has no context for any of them
             k = 0
-        if running[-1].slot != n - 1:  # free slots among the running ones
+        if running[-1].slot != len(running) - 1:  # free slots among the running ones
             running = self.compact(running)
-        if k > 0:  # the prompts' deferred context, outside the step's time: admission's cost, which no step model
-            self.proposer.flush(prompts_only=True)  # prices; the plain steps' is this drafting step's, timed with it
-        self.step_mode.begin_step()
-        began = time.perf_counter()
-        rows, width = self.padded(n, k, any(keeping))
-        params = [s.request.sampling for s in running]
-        starts, anchors = self.slots.starts[:rows], self.slots.anchors[:rows]
-        max_start = max(s.start for s in running)
-        sampling = self.slots.sampling.rows(slice(0, rows), params)  # no host lists to copy
-        batch = StepBatch(anchors, starts, max_start, sampling, shapes=self.step_mode.shapes, block=self.block)
-        mixed = k > 0 and not all(keeping)  # plain-only rows ride along (see `propose`)
-        lengths = self.own_draft_lengths(rows, k, width, mixed)
-        drafts, draft_probs = self.draft(batch, running, keeping, k, width - 1, mixed)
-        tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [rows, width]
+        if k > 0:
+            self.proposer.flush(prompts_only=True)
+        rows, width = self.padded(len(running), k, any(keeping))
+        return StepPlan(running, k, keeping, rows, width, [s.request.sampling for s in running])
+
+    def step_batch(self, plan: StepPlan) -> StepBatch:
+        """The padded rows' device state as the proposer reads it (views of the per-slot tensors: no host copy)."""
+        sampling = self.slots.sampling.rows(slice(0, plan.rows), plan.params)
+        return StepBatch(self.slots.anchors[: plan.rows], self.slots.starts[: plan.rows],
+                         max(s.start for s in plan.running), sampling, shapes=self.step_mode.shapes, block=self.block)
+
+    def verify(self, plan: StepPlan, batch: StepBatch, drafts: torch.Tensor, draft_probs) -> Verified:
+        """The target's pass over each row's anchor and drafts [rows, width - 1], then acceptance, on the real rows
+        only (padding rows and a plain step's padding token dropped first); the target's recurrent state commits
+        the accepted tokens. No host sync."""
+        n, k, width = len(plan.running), plan.k, plan.width
+        lengths = self.own_draft_lengths(plan.rows, k, width, plan.mixed)
+        starts = batch.starts
+        tokens = torch.cat([batch.anchors[:, None], drafts], dim=1)  # [rows, width]
         positions = starts[:, None] + torch.arange(width, device=self.device)
         # a lone anchor is always kept: recurrent layers commit it in the pass; a block commits after accept
         commit = torch.ones_like(starts) if width == 1 else None
         # the target's features feed the drafter's context: none are captured when no running request keeps one
         # (plain-only requests alone), so such a step runs exactly plain decoding's pass, compiled or not
-        capture = any(keeping)
+        capture = self.proposer.capture_layer_ids if any(plan.keeping) else ()
         span = batch.key_span(width)
-        ctx = ForwardContext.cached(positions, self.cache, span, commit=commit,
-                                    capture_layer_ids=self.proposer.capture_layer_ids if capture else ())
+        ctx = ForwardContext.cached(positions, self.cache, span, commit=commit, capture_layer_ids=capture)
         hidden, features = self.verify_pass(tokens, ctx)
-        slots = ctx.slots
+        slots, sampling = ctx.slots, batch.sampling
         if k == 0 and width > 1:  # a plain step padded to a block of 2 (`StepShapes.min_width`): its token alone
             hidden, positions, drafts = hidden[:, :1], positions[:, :1], drafts[:, :0]
             features = None if features is None else features[:, :1]
-        if rows > n:  # padding rows (free slots) end here
+        if plan.rows > n:  # padding rows (free slots) end here
             slots, starts, positions, hidden, drafts = slots[:n], starts[:n], positions[:n], hidden[:n], drafts[:n]
             features = None if features is None else features[:n]
             draft_probs = None if draft_probs is None else draft_probs[:n]
             lengths = None if lengths is None else lengths[:n]
-            sampling = self.slots.sampling.rows(slice(0, n), params)
+            sampling = self.slots.sampling.rows(slice(0, n), plan.params)
         num_accepted, bonus = accept(drafts, draft_probs, self.target.logits(hidden), sampling, lengths)
         if commit is None:
             self.target.commit(self.cache, slots, num_accepted + 1, width)
-        if k == 0 and any(keeping):  # the drafter's context of this token, for the rows that keep one
+        return Verified(slots, starts, positions, drafts, features, num_accepted, bonus, (plan.rows, width, span))
+
+    def advance(self, plan: StepPlan, v: Verified) -> None:
+        """Device state after acceptance: each row's committed length and anchor (the bonus token), and, on a plain
+        step, the drafter's context of its token deferred for the rows that keep one."""
+        n = len(plan.running)
+        if plan.k == 0 and any(plan.keeping):
             keep = self.slots.drafting[:n, None]  # read only when some row is plain-only: then a snapshot
-            self.proposer.defer(ContextTokens(slots, keep if all(keeping) else keep.clone(),
-                                              self.step_mode.keep(features), positions, [s.slot for s in running],
-                                              [int(d) for d in keeping]))
-        self.slots.starts[:n] = starts + num_accepted + 1
-        self.slots.anchors[:n] = bonus
+            self.proposer.defer(ContextTokens(v.slots, keep if all(plan.keeping) else keep.clone(),
+                                              self.step_mode.keep(v.features), v.positions,
+                                              [s.slot for s in plan.running], [int(d) for d in plan.keeping]))
+        self.slots.starts[:n] = v.starts + v.num_accepted + 1
+        self.slots.anchors[:n] = v.bonus
         self.slots.steps[:n] += 1
-        for seq in running:
+        for seq in plan.running:
             seq.steps += 1
-        drafted, accepted, bonuses = self.read_tokens(drafts, num_accepted, bonus)
-        if k > 0 and features is not None:  # only the tokens the target kept: the rest of the block was rejected
-            keep = torch.arange(positions.shape[1], device=self.device) <= num_accepted[:, None]  # [B, T]
-            self.proposer.commit(ContextTokens(slots, keep & self.slots.drafting[:n, None], features, positions,
-                                               [s.slot for s in running],
-                                               [a + 1 if d else 0 for a, d in zip(accepted, keeping)]))
-        now = time.perf_counter()
-        if any(keeping):
-            if self.settled((rows, width, span)):
-                self.policy.timed(n, max_start, k, now - began)
-            self.policy.observe([s.slot for s in running], k, accepted, keeping if mixed else None)
-        else:  # plain-only requests alone: none drafts again, so the step teaches nothing (the cost policy's
-            self.policy.plain_only_step()  # bookkeeping was ~60 us a step here: benchmarks/plain_only_host.py)
-        for row, seq in enumerate(running):
-            a, own = accepted[row], k if seq.drafting else 0
+
+    def keep_context(self, plan: StepPlan, v: Verified, accepted: list[int]) -> None:
+        """A drafting step's drafter context: the target's features of the tokens it kept (the rest of the block was
+        rejected), for the rows that keep a context."""
+        if plan.k == 0 or v.features is None:
+            return
+        keep = torch.arange(v.positions.shape[1], device=self.device) <= v.num_accepted[:, None]  # [B, T]
+        self.proposer.commit(ContextTokens(v.slots, keep & self.slots.drafting[: len(plan.running), None],
+                                           v.features, v.positions, [s.slot for s in plan.running],
+                                           [a + 1 if d else 0 for a, d in zip(accepted, plan.keeping)]))
+
+    def learn(self, plan: StepPlan, shape: tuple[int, int, int], accepted: list[int], seconds: float) -> None:
+        """The draft-length policy's evidence: the step's time (settled shapes only) and each row's acceptance."""
+        if not any(plan.keeping):  # plain-only requests alone: none drafts again, so the step teaches nothing (the
+            self.policy.plain_only_step()  # cost policy's bookkeeping was ~60 us a step: benchmarks/plain_only_host.py)
+            return
+        slots, max_start = [s.slot for s in plan.running], max(s.start for s in plan.running)
+        if self.settled(shape):
+            self.policy.timed(len(slots), max_start, plan.k, seconds)
+        self.policy.observe(slots, plan.k, accepted, plan.keeping if plan.mixed else None)
+
+    def record(self, plan: StepPlan, drafted: list[list[int]], accepted: list[int], bonuses: list[int],
+               now: float) -> None:
+        """Each request's result: its draft and acceptance counts, and its accepted tokens and bonus emitted."""
+        for row, seq in enumerate(plan.running):
+            a, own = accepted[row], plan.k if seq.drafting else 0
             seq.start += a + 1
             seq.result.drafted_tokens += own
             seq.result.accepted_tokens += a
             seq.result.draft_lengths.append(own)
             seq.result.acceptance_lengths.append(self.emit(seq, drafted[row][:a] + [bonuses[row]], now))
-        return ready + running
 
     def reserve(self) -> None:
         """Every running request holds blocks for its next step: the anchor and a block past its committed tokens.
