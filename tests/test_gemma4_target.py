@@ -169,7 +169,7 @@ def test_cache_keeps_the_window_and_nothing_for_shared_layers(gemma):
     target = load_target(path).model
     cache = target.new_cache(2, 1000, 16)
     assert [layer.kind for layer in cache.layers] == ["window", "window", "full", "window"]
-    pool = (2 * blocks_for(1000 + 1) + 1, 1, BLOCK, 16)  # positions 0..capacity per row
+    pool = (2 * blocks_for(1000 + 1) + 1, BLOCK, 1, 16)  # positions 0..capacity per row
     assert [layer.k.shape for layer in cache.layers] == [(2, 2, 6 + 16 - 1 + 1, 8)] * 2 + [pool] + [
         (2, 2, 6 + 16 - 1 + 1, 8)]
     assert [layer.cache_index for layer in target.model.layers] == [0, 1, 2, 3, 3, 2]

@@ -2,8 +2,9 @@
 
 Full-attention K/V live in a pool of fixed-size blocks of BLOCK positions shared by every request; a block table
 maps each row's (slot's) logical block i = position // BLOCK to a pool block. Layers declare a `LayerCacheSpec`:
-- "full": paged. Every full layer shares one pool per K and V, [L_full, N + 1, H_kv, BLOCK, D] (head-major inside
-  a block). Pool block N is the null block: every table entry no request owns points at it, so padded writes
+- "full": paged. Every full layer shares one pool per K and V, [L_full, N + 1, BLOCK, H_kv, D]: position-major
+  inside a block, the paged layout of FlashAttention's and vLLM's kernels ([num_blocks, block_size, H_kv, D]), so
+  a row's gathered blocks are its keys [nb * BLOCK, H_kv, D] as a view, with no second copy. Pool block N is the null block: every table entry no request owns points at it, so padded writes
   (free rows of a padded step, a prompt's right padding past its blocks) land there harmlessly and reads of it are
   never visible (keys past a row's queries are masked). Rolling back to an accepted length is just a smaller
   length: entries past it are never visible (see models/attention.py) and are rewritten before they are read.
@@ -91,7 +92,7 @@ class BlockTable:
 
 
 class FullKV:
-    """K/V of one full-attention layer: k, v [N + 1, H_kv, BLOCK, D] (views of the shared pools) read through
+    """K/V of one full-attention layer: k, v [N + 1, BLOCK, H_kv, D] (views of the shared pools) read through
     the block table."""
 
     kind = "full"
@@ -103,11 +104,11 @@ class FullKV:
         # k, v: [B, T, H_kv, D] at ctx.positions [B, T] of rows ctx.slots [B]; a cache is state,
         # never differentiated through (training passes context K/V explicitly)
         blocks, offsets = self.table.locate(ctx.slots, ctx.positions)
-        self.k[blocks, :, offsets] = k.detach()  # index result: [B, T, H_kv, D]
-        self.v[blocks, :, offsets] = v.detach()
+        self.k[blocks, offsets] = k.detach()  # index result: [B, T, H_kv, D]
+        self.v[blocks, offsets] = v.detach()
 
     def view(self, rows: slice | Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
-        # -> k, v [B, H_kv, kv_len, D], gathered from the rows' blocks (a copy)
+        # -> k, v [B, H_kv, kv_len, D], gathered from the rows' blocks (one copy; the transpose is a view)
         # kv_len // BLOCK + 2 blocks (the table's last two columns are null, so they exist): at least two, and
         # always more positions than kv_len, so one compiled graph serves every kv_len. blocks_for(kv_len) gave
         # each pass four: a span of one block (nb = 1) was specialised, and a span of a whole number of blocks
@@ -120,8 +121,8 @@ class FullKV:
     @staticmethod
     def gather(pool: Tensor, blocks: Tensor, kv_len: int) -> Tensor:
         b, nb = blocks.shape
-        x = pool[blocks]  # [B, nb, H_kv, BLOCK, D]
-        return x.transpose(1, 2).reshape(b, x.shape[2], nb * BLOCK, x.shape[-1])[:, :, :kv_len]
+        x = pool[blocks]  # [B, nb, BLOCK, H_kv, D]
+        return x.view(b, nb * BLOCK, *x.shape[-2:])[:, :kv_len].transpose(1, 2)
 
     def key_positions(self, ctx) -> Tensor:
         return ctx.keys[None]  # [1, kv_len]
@@ -163,8 +164,8 @@ class KVCache:
                  table: BlockTable | None = None):
         self.table = table if table is not None else BlockTable.contiguous(num_slots, capacity, device)
         full = [i for i, s in enumerate(specs) if s.kind == "full"]
-        shape = (len(full), self.table.num_blocks + 1, num_kv_heads, BLOCK, head_dim)
-        # k, v: [L_full, N + 1, H_kv, BLOCK, D]
+        shape = (len(full), self.table.num_blocks + 1, BLOCK, num_kv_heads, head_dim)
+        # k, v: [L_full, N + 1, BLOCK, H_kv, D]
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.capacity = capacity
@@ -181,8 +182,8 @@ class KVCache:
 
     def tensors(self) -> list[tuple[Tensor, tuple[int, ...]]]:
         """What a pass reads and writes, with the dims an allocation sizes (`step_mode.StepMode.caches`): every
-        layer's k and v (full: [N + 1, H_kv, BLOCK, D], window: [S, H_kv, R + 1, D]), the pools [L_full, N + 1,
-        H_kv, BLOCK, D] the full layers' views come from (a compiled pass guards on a view's base too), and the
+        layer's k and v (full: [N + 1, BLOCK, H_kv, D], window: [S, H_kv, R + 1, D]), the pools [L_full, N + 1,
+        BLOCK, H_kv, D] the full layers' views come from (a compiled pass guards on a view's base too), and the
         block table [S, M + 2]."""
         layers = [(t, (0, 2) if layer.kind == "window" else (0,)) for layer in self.layers for t in (layer.k, layer.v)]
         return layers + [(self.k, (1,)), (self.v, (1,)), (self.table.table, (0, 1))]
@@ -194,8 +195,8 @@ class KVCache:
     def write_all(self, rows: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
         """Every full layer at once: rows, positions [N] -> k, v [N, L_full, H_kv, D] (the drafter's context)."""
         blocks, offsets = self.table.locate(rows, positions)
-        self.k[:, blocks, :, offsets] = k.to(self.k.dtype)  # index result: [N, L, H_kv, D]
-        self.v[:, blocks, :, offsets] = v.to(self.v.dtype)
+        self.k[:, blocks, offsets] = k.transpose(0, 1).to(self.k.dtype)  # index result: [L, N, H_kv, D]
+        self.v[:, blocks, offsets] = v.transpose(0, 1).to(self.v.dtype)
 
     def move(self, src: int, dst: int, length: int) -> None:
         """A sequence changes row: its window rings go from row src to row dst (its full layers' blocks move with
