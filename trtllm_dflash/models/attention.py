@@ -110,6 +110,7 @@ class ForwardContext:
     capture_layer_ids: tuple[int, ...] = ()  # target layers whose outputs the forward returns
     rope: tuple[Tensor, Tensor] | None = None  # set by the model: cos, sin [B, T, 1, D]
     masks: dict = field(default_factory=dict)  # built once per (mask kind, cache kind)
+    shared: dict = field(default_factory=dict)  # `once`'s values: what every layer of the forward reads alike
 
     @classmethod
     def prefill(cls, positions: Tensor, cache, slots: Tensor, lengths: Tensor, **kw) -> ForwardContext:
@@ -136,10 +137,17 @@ class ForwardContext:
         if self.prefilling:
             keys, values, kind, k_pos = k.transpose(1, 2), v.transpose(1, 2), "prefill", self.positions
         else:
-            keys, values = cache.view(slice(0, q.shape[0]) if self.rows is None else self.rows, self.kv_len)
+            keys, values = cache.view(self, slice(0, q.shape[0]) if self.rows is None else self.rows, self.kv_len)
             kind, k_pos = cache.kind, None
         mask = self.mask(spec, kind, cache, k_pos, q.dtype)
         return sdpa(q.transpose(1, 2), keys, values, mask, spec, sinks).transpose(1, 2)
+
+    def once(self, key, make):
+        """make() computed at the first layer that asks, shared by the others (a paged cache's block indices: its
+        table is read once per forward, not once per layer)."""
+        if key not in self.shared:
+            self.shared[key] = make()
+        return self.shared[key]
 
     def mask(self, spec: AttentionSpec, kind: str, cache, k_pos: Tensor | None, dtype) -> Tensor:
         key = (spec.causal, spec.window, kind)

@@ -277,7 +277,7 @@ class DsAttention(nn.Module):
         if ctx.prefilling:
             keys, kind, k_pos = kv.transpose(1, 2), "prefill", ctx.positions
         else:
-            keys, _ = cache.view(slice(0, kv.shape[0]) if ctx.rows is None else ctx.rows, ctx.kv_len)
+            keys, _ = cache.view(ctx, slice(0, kv.shape[0]) if ctx.rows is None else ctx.rows, ctx.kv_len)
             kind, k_pos = cache.kind, None
         return keys, ctx.mask(self.spec, kind, cache, k_pos, kv.dtype)
 
