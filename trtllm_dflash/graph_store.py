@@ -18,9 +18,9 @@ export every pass and record graphs around them by hand, a second compiled path 
 caches keep the one path and take away its cost; what they cannot carry (a foreign torch, a changed graph) misses
 and compiles as without them, so a wrong or damaged artefact costs time, never a token.
 
-What a warm start still pays is dynamo tracing each graph it loads (the built-in pair: 5 graphs, 15 s of dynamo at
-a load average of 6 on the 2-core CPU, torch._dynamo.utils.compile_times()), so a process traces only the graphs
-it can run (`step_mode.compile_step_shapes`, max_batch). Skipping dynamo too was
+What a warm start still pays is dynamo tracing each graph it loads (the built-in pair's one-request process: 4
+graphs, 9 s of its 13.5 s on the quiet 2-core CPU), so a process traces only the graphs it can run
+(`step_mode.compile_step_shapes`, max_batch), and one that prefills once does it eagerly (`engine.load_engine`). Skipping dynamo too was
 tried and not taken: torch's caching precompile (`torch._dynamo.config.caching_precompile`, torch/_dynamo/package.py,
 torch 2.13, "experimental") stores dynamo's bytecode and guards in the same caches and loaded the built-in pair's
 graphs without tracing, but drops ID_MATCH and CLOSURE_MATCH guards, and a graph compiled on top of loaded ones

@@ -182,8 +182,8 @@ def compile_step_shapes(generator, max_batch: int | None = None) -> None:
 
     max_batch 1: a process that will only ever step one row (`dflash-generate` of one request) gets the one-row
     graphs alone: a batch of one runs in a single slot and never meets the others. Loading a stored graph still
-    traces it with dynamo (graph_store.py), so this halves a warm `dflash-generate`'s load (the built-in pair: 5
-    graphs traced instead of 10)."""
+    traces it with dynamo (graph_store.py), so this halves a warm `dflash-generate`'s load (the built-in pair: 4
+    graphs traced instead of 10; such a process also prefills eagerly, `engine.load_engine`)."""
     from .request import Request
 
     g = generator
