@@ -249,7 +249,7 @@ class Generator:
         if self.preempted:
             return 0
         rows, blocks, staging = len(self.slots.free()), self.pool.available(), bool(self.staged)
-        for n, r in enumerate(requests):
+        for n, r in enumerate(requests):  # as if drafting (decided in `admit`): a plain-only one costs no more
             cost = self.pool.cost(list(r.prompt_ids), self.first_positions(len(r.prompt_ids)))
             if n == rows or cost > blocks or (self.chunked(r) and staging):
                 return n
@@ -282,7 +282,7 @@ class Generator:
             seq.drafting = drafting
             seq.order, self.admitted = self.admitted, self.admitted + 1
             seq.prefilled = self.pool.admit(seq.slot, list(seq.request.prompt_ids),
-                                            self.first_positions(len(seq.request.prompt_ids)))
+                                            self.first_positions(len(seq.request.prompt_ids)), self.needs_context(seq))
         now_running = [s for s in sequences if s.slot != self.staging_row]
         self.staged += [s for s in sequences if s.slot == self.staging_row]
         self.slots.reserved = len(self.staged)
@@ -614,7 +614,7 @@ class Generator:
         waiting = sorted(self.preempted, key=lambda s: s.order)
         free, blocks, batch = self.slots.free(), self.pool.available(), []
         for seq in waiting:
-            cost = self.pool.cost(seq.context(), self.first_positions(len(seq.context())))
+            cost = self.pool.cost(seq.context(), self.first_positions(len(seq.context())), self.needs_context(seq))
             if len(batch) == len(free) or cost > blocks:
                 break
             if seq.drafting == waiting[0].drafting:
@@ -625,7 +625,8 @@ class Generator:
         for seq, slot in zip(batch, free):
             self.preempted.remove(seq)
             seq.slot = slot
-            seq.prefilled = self.pool.admit(slot, seq.context(), self.first_positions(len(seq.context())))
+            seq.prefilled = self.pool.admit(slot, seq.context(), self.first_positions(len(seq.context())),
+                                            self.needs_context(seq))
         self.policy.admit([s.slot for s in batch], [len(s.context()) for s in batch])
         self.start(batch)
         for seq in batch:
@@ -656,12 +657,18 @@ class Generator:
         return [seq] if seq.done else []
 
     def release_blocks(self, seq: Sequence) -> None:
-        """Free its blocks; with prefix caching, the full ones its tokens filled stay cached (their drafter context
-        written first, when the drafter keeps it: a plain-only request's is never written)."""
-        keep = self.pool.prefix_caching and seq.start > 0 and (seq.drafting or not self.proposer.capture_layer_ids)
-        if keep:
+        """Free its blocks; with prefix caching, the full ones its tokens filled stay cached, with their drafter
+        context (written first) when the request kept one; a plain-only request's serve plain-only requests."""
+        keep, context = self.pool.prefix_caching and seq.start > 0, self.needs_context(seq)
+        if keep and context:
             self.proposer.flush()
-        self.pool.release(seq.slot, seq.tokens() if keep else None)
+        self.pool.release(seq.slot, seq.tokens() if keep else None, context)
+
+    def needs_context(self, seq: Sequence) -> bool:
+        """Whether `seq`'s blocks carry the drafter's context (read from the cache, written for its own positions):
+        a drafting request's do; a plain-only request's, or any request's of a target without a drafter, do not
+        need one (without a drafter there is none to lack: every block counts as complete)."""
+        return seq.drafting or not self.proposer.capture_layer_ids
 
     def settled(self, shape: tuple[int, int, int]) -> bool:
         """Whether a step at this padded shape (rows, width, key span) costs what a step costs: not one of its first
