@@ -570,7 +570,7 @@ class Generator:
     def learn(self, plan: StepPlan, shape: tuple[int, int, int], accepted: list[int], seconds: float) -> None:
         """The draft-length policy's evidence: the step's time (settled shapes only) and each row's acceptance."""
         if not any(plan.keeping):  # plain-only requests alone: none drafts again, so the step teaches nothing (the
-            self.policy.plain_only_step()  # cost policy's bookkeeping was ~60 us a step: benchmarks/plain_only_host.py)
+            self.policy.plain_only_step()  # cost policy's bookkeeping was ~60 us a step, a one-off measurement)
             return
         slots, max_start = [s.slot for s in plan.running], max(s.start for s in plan.running)
         if self.settled(shape):
@@ -729,7 +729,7 @@ class Generator:
         requests hold slots 0..n-1 and a step reads every cache in place. A free slot among running ones (a
         request finished or was cancelled, and no newcomer took its slot) otherwise made every step gather the
         running rows' whole caches: on the built-in pair at 1024 tokens, batch 8, one free slot made a plain step
-        1.7-1.9x slower (`benchmarks/slot_holes.py`); a move copies one request's caches once. Device copies
+        1.7-1.9x slower (`benchmarks/results/slot_holes.json`); a move copies one request's caches once. Device copies
         only; the same on every tensor-parallel rank (their running slots are the same). -> running, in slot
         order."""
         n = len(running)
