@@ -26,7 +26,7 @@ from .kv_cache import BLOCK, BlockTable, blocks_for
 from .models.attention import ForwardContext
 from .models.target import TargetModel
 from .pairing import check_block_size
-from .paging import BlockPool
+from .paging import BlockPool, default_blocks
 from .request import Request, Result
 from .sampling import FIRST, SamplingBatch, SamplingParams, sample, token_probs, uniforms
 from .speculative.accept import accept
@@ -185,7 +185,7 @@ class Generator:
         if num_blocks is None and self.kv_cache_bytes is not None and self.bytes_per_block:  # 0: nothing paged
             num_blocks = max(1, self.kv_cache_bytes // self.bytes_per_block)
         if num_blocks is None:
-            num_blocks = num_slots * blocks_for(positions + 1)
+            num_blocks = default_blocks(num_slots, positions)
         self.staging_row = cache_slots if self.max_num_tokens is not None else None
         cache_rows = cache_slots + (self.staging_row is not None)
         self.table = BlockTable(cache_rows, positions, num_blocks, self.device)

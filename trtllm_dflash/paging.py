@@ -18,6 +18,11 @@ from collections import OrderedDict
 from .kv_cache import BLOCK, BlockTable, blocks_for
 
 
+def default_blocks(num_slots: int, positions: int) -> int:
+    """A pool sized by no memory budget: every slot can hold positions 0..positions (a pass's spare key included)."""
+    return num_slots * blocks_for(positions + 1)
+
+
 def block_hashes(tokens: list[int]) -> list[int]:
     """Chained hashes of the full blocks of `tokens`: hash i names tokens 0 .. (i + 1) * BLOCK - 1."""
     hashes, parent = [], None
