@@ -74,6 +74,49 @@ def test_prefix_hits_reuse_blocks_and_keep_every_token(hf_target, random_drafter
         assert result.output_ids == hf_greedy(hf, prompt, 12)
 
 
+def test_plain_only_blocks_serve_plain_only_requests_and_drafting_ones_replace_them(hf_target, random_drafter):
+    """A plain-only request's full blocks are cached without the drafter's context: a later plain-only request
+    reuses them, a drafting one does not (it prefills, and its blocks, with context, replace them in the cache),
+    and the next drafting request reuses those. Every output equals transformers' greedy decoding."""
+    hf, target_dir = hf_target
+    gen = load_pipeline(target_dir, random_drafter).generator
+    gen.allocate(3, 128, 4)
+    prompts = [SYSTEM + [5 + i, 9, 3 + i] for i in range(4)]
+    results, hits = [], []
+    for prompt, drafting in zip(prompts, (False, False, True, True)):
+        request, before = Request(tuple(prompt), 12, ignore_eos=True), gen.pool.hit_tokens
+        seq = gen.admit([request], drafting=drafting)[0]
+        hits.append(gen.pool.hit_tokens - before)
+        while gen.live():
+            gen.step()
+        results.append(seq.result)
+    assert hits == [0, 2 * BLOCK, 0, 2 * BLOCK]
+    for result, prompt in zip(results, prompts):
+        assert result.output_ids == hf_greedy(hf, prompt, 12)
+
+
+def test_pool_keeps_a_block_without_drafter_context_apart():
+    """The pool's bookkeeping on a table of 6 blocks: which blocks a request takes from the cache, with and without
+    the drafter's context, and that a replaced block is the first one taken again."""
+    from trtllm_dflash.kv_cache import BlockTable
+    from trtllm_dflash.paging import BlockPool
+
+    pool = BlockPool(BlockTable(2, 4 * BLOCK, 6, "cpu"))
+    tokens = list(range(2 * BLOCK + 1))
+    assert pool.admit(0, tokens, 2 * BLOCK + 1, context=False) == 0
+    plain_blocks = list(pool.rows[0][:2])
+    pool.release(0, tokens[: 2 * BLOCK], context=False)
+    assert pool.match(tokens, context=True) == [] and pool.match(tokens, context=False) == plain_blocks
+    assert pool.cost(tokens, 2 * BLOCK + 1, context=True) == 3 and pool.cost(tokens, 2 * BLOCK + 1, context=False) == 3
+    pool.admit(1, tokens, 2 * BLOCK + 1, context=True)  # prefills all three blocks anew: none is a hit
+    drafting_blocks = list(pool.rows[1][:2])
+    assert not set(drafting_blocks) & set(plain_blocks)
+    pool.release(1, tokens[: 2 * BLOCK], context=True)
+    assert pool.match(tokens, context=True) == drafting_blocks == pool.match(tokens, context=False)
+    order = list(pool.free)  # the replaced blocks, cached no more, are taken before any cached one
+    assert max(order.index(b) for b in plain_blocks) < min(order.index(b) for b in drafting_blocks)
+
+
 def test_chunked_prefill_interleaves_with_decoding_and_keeps_every_token(hf_target, random_drafter):
     """Prompts longer than max_num_tokens = 8 are prefilled 8 tokens a step while a short request decodes."""
     hf, target_dir = hf_target

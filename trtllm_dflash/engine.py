@@ -109,7 +109,8 @@ def kv_pool_lines(engine_dir: Path) -> list[str]:
     """`dflash-build inspect`: what the paged KV pool holds per rank, from the models built on the meta device (no
     weights read): bytes of K/V per token (target and drafter context), tokens per GiB of --kv-cache-gib, and the
     pool a CPU server sizes by default (every row at max_seq_len)."""
-    from .kv_cache import BLOCK, blocks_for
+    from .kv_cache import BLOCK
+    from .paging import default_blocks
     from .models.drafter import DFlashDrafter
     from .models.target import build_target
 
@@ -124,7 +125,7 @@ def kv_pool_lines(engine_dir: Path) -> list[str]:
     if not per_block:
         return ["kv pool      nothing paged (every layer keeps a window ring or recurrent state per row)"]
     limits = manifest.limits
-    default = limits["max_batch_size"] * blocks_for(limits["max_seq_len"] + 1)  # Generator.allocate's default
+    default = default_blocks(limits["max_batch_size"], limits["max_seq_len"])  # Generator.allocate's default
     return [f"kv pool      {per_block / BLOCK:,.0f} B of K/V per token per rank ({manifest.dtype}, target and drafter "
             f"context); --kv-cache-gib 1 holds {2**30 // per_block * BLOCK:,} tokens; the CPU default "
             f"(max_batch_size x max_seq_len) {default * BLOCK:,} tokens = {default * per_block / 2**30:.2f} GiB"]

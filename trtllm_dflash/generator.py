@@ -26,7 +26,7 @@ from .kv_cache import BLOCK, BlockTable, blocks_for
 from .models.attention import ForwardContext
 from .models.target import TargetModel
 from .pairing import check_block_size
-from .paging import BlockPool
+from .paging import BlockPool, default_blocks
 from .request import Request, Result
 from .sampling import FIRST, SamplingBatch, SamplingParams, sample, token_probs, uniforms
 from .speculative.accept import accept
@@ -185,7 +185,7 @@ class Generator:
         if num_blocks is None and self.kv_cache_bytes is not None and self.bytes_per_block:  # 0: nothing paged
             num_blocks = max(1, self.kv_cache_bytes // self.bytes_per_block)
         if num_blocks is None:
-            num_blocks = num_slots * blocks_for(positions + 1)
+            num_blocks = default_blocks(num_slots, positions)
         self.staging_row = cache_slots if self.max_num_tokens is not None else None
         cache_rows = cache_slots + (self.staging_row is not None)
         self.table = BlockTable(cache_rows, positions, num_blocks, self.device)
@@ -249,7 +249,7 @@ class Generator:
         if self.preempted:
             return 0
         rows, blocks, staging = len(self.slots.free()), self.pool.available(), bool(self.staged)
-        for n, r in enumerate(requests):
+        for n, r in enumerate(requests):  # as if drafting (decided in `admit`): a plain-only one costs no more
             cost = self.pool.cost(list(r.prompt_ids), self.first_positions(len(r.prompt_ids)))
             if n == rows or cost > blocks or (self.chunked(r) and staging):
                 return n
@@ -282,7 +282,7 @@ class Generator:
             seq.drafting = drafting
             seq.order, self.admitted = self.admitted, self.admitted + 1
             seq.prefilled = self.pool.admit(seq.slot, list(seq.request.prompt_ids),
-                                            self.first_positions(len(seq.request.prompt_ids)))
+                                            self.first_positions(len(seq.request.prompt_ids)), self.needs_context(seq))
         now_running = [s for s in sequences if s.slot != self.staging_row]
         self.staged += [s for s in sequences if s.slot == self.staging_row]
         self.slots.reserved = len(self.staged)
@@ -570,7 +570,7 @@ class Generator:
     def learn(self, plan: StepPlan, shape: tuple[int, int, int], accepted: list[int], seconds: float) -> None:
         """The draft-length policy's evidence: the step's time (settled shapes only) and each row's acceptance."""
         if not any(plan.keeping):  # plain-only requests alone: none drafts again, so the step teaches nothing (the
-            self.policy.plain_only_step()  # cost policy's bookkeeping was ~60 us a step: benchmarks/plain_only_host.py)
+            self.policy.plain_only_step()  # cost policy's bookkeeping was ~60 us a step, a one-off measurement)
             return
         slots, max_start = [s.slot for s in plan.running], max(s.start for s in plan.running)
         if self.settled(shape):
@@ -614,7 +614,7 @@ class Generator:
         waiting = sorted(self.preempted, key=lambda s: s.order)
         free, blocks, batch = self.slots.free(), self.pool.available(), []
         for seq in waiting:
-            cost = self.pool.cost(seq.context(), self.first_positions(len(seq.context())))
+            cost = self.pool.cost(seq.context(), self.first_positions(len(seq.context())), self.needs_context(seq))
             if len(batch) == len(free) or cost > blocks:
                 break
             if seq.drafting == waiting[0].drafting:
@@ -625,7 +625,8 @@ class Generator:
         for seq, slot in zip(batch, free):
             self.preempted.remove(seq)
             seq.slot = slot
-            seq.prefilled = self.pool.admit(slot, seq.context(), self.first_positions(len(seq.context())))
+            seq.prefilled = self.pool.admit(slot, seq.context(), self.first_positions(len(seq.context())),
+                                            self.needs_context(seq))
         self.policy.admit([s.slot for s in batch], [len(s.context()) for s in batch])
         self.start(batch)
         for seq in batch:
@@ -656,12 +657,18 @@ class Generator:
         return [seq] if seq.done else []
 
     def release_blocks(self, seq: Sequence) -> None:
-        """Free its blocks; with prefix caching, the full ones its tokens filled stay cached (their drafter context
-        written first, when the drafter keeps it: a plain-only request's is never written)."""
-        keep = self.pool.prefix_caching and seq.start > 0 and (seq.drafting or not self.proposer.capture_layer_ids)
-        if keep:
+        """Free its blocks; with prefix caching, the full ones its tokens filled stay cached, with their drafter
+        context (written first) when the request kept one; a plain-only request's serve plain-only requests."""
+        keep, context = self.pool.prefix_caching and seq.start > 0, self.needs_context(seq)
+        if keep and context:
             self.proposer.flush()
-        self.pool.release(seq.slot, seq.tokens() if keep else None)
+        self.pool.release(seq.slot, seq.tokens() if keep else None, context)
+
+    def needs_context(self, seq: Sequence) -> bool:
+        """Whether `seq`'s blocks carry the drafter's context (read from the cache, written for its own positions):
+        a drafting request's do; a plain-only request's, or any request's of a target without a drafter, do not
+        need one (without a drafter there is none to lack: every block counts as complete)."""
+        return seq.drafting or not self.proposer.capture_layer_ids
 
     def settled(self, shape: tuple[int, int, int]) -> bool:
         """Whether a step at this padded shape (rows, width, key span) costs what a step costs: not one of its first
@@ -722,7 +729,7 @@ class Generator:
         requests hold slots 0..n-1 and a step reads every cache in place. A free slot among running ones (a
         request finished or was cancelled, and no newcomer took its slot) otherwise made every step gather the
         running rows' whole caches: on the built-in pair at 1024 tokens, batch 8, one free slot made a plain step
-        1.7-1.9x slower (`benchmarks/slot_holes.py`); a move copies one request's caches once. Device copies
+        1.7-1.9x slower (`benchmarks/results/slot_holes.json`); a move copies one request's caches once. Device copies
         only; the same on every tensor-parallel rank (their running slots are the same). -> running, in slot
         order."""
         n = len(running)

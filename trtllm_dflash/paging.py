@@ -1,9 +1,11 @@
 """The host side of the paged KV cache: which pool blocks each row holds, and the prefix cache.
 
 A request holds the blocks of its positions 0.. in order (`BlockTable` on the device mirrors them). Blocks are
-reference-counted: a full block of a finished (or preempted) request whose K/V and drafter context are known is
-kept in the prefix cache under a hash of its tokens and every token before it, and a later request whose prompt
-starts with those tokens takes it instead of prefilling them. Free blocks wait in least-recently-used order;
+reference-counted: a full block of a finished (or preempted) request is kept in the prefix cache under a hash of its
+tokens and every token before it, and a later request whose prompt starts with those tokens takes it instead of
+prefilling them. A block holds the target's K/V and, when its request kept one, the drafter's context for the same
+positions; a block without that context (a plain-only request's) serves only requests that need none (plain-only
+ones), and a drafting request's copy of the same tokens replaces it in the cache. Free blocks wait in least-recently-used order;
 allocation takes uncached ones first, then evicts the least recently used cached one (vLLM's
 `BlockPool`/`FreeKVCacheBlockQueue`, vllm/v1/core/block_pool.py at v0.8; TensorRT-LLM's `KVCacheManager` block
 reuse).
@@ -14,6 +16,11 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from .kv_cache import BLOCK, BlockTable, blocks_for
+
+
+def default_blocks(num_slots: int, positions: int) -> int:
+    """A pool sized by no memory budget: every slot can hold positions 0..positions (a pass's spare key included)."""
+    return num_slots * blocks_for(positions + 1)
 
 
 def block_hashes(tokens: list[int]) -> list[int]:
@@ -34,6 +41,7 @@ class BlockPool:
         self.refs = [0] * self.num_blocks
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(self.num_blocks))  # LRU first
         self.hash_of: dict[int, int] = {}  # cached block -> its hash
+        self.without_context: set[int] = set()  # cached blocks whose drafter context was never written
         self.cached: dict[int, int] = {}  # hash -> cached block
         self.rows: dict[int, list[int]] = {}  # row -> its blocks, in position order
         self.updates: tuple[list[int], list[int], list[int]] = ([], [], [])  # table entries not yet on the device
@@ -47,29 +55,32 @@ class BlockPool:
     def used(self) -> int:
         return self.num_blocks - len(self.free)
 
-    def match(self, tokens: list[int]) -> list[int]:
+    def match(self, tokens: list[int], context: bool = True) -> list[int]:
         """The cached blocks of the longest cached prefix of `tokens`, at most all but its last token (a prefill
-        needs one token to run: the last one's logits)."""
+        needs one token to run: the last one's logits). context: the request needs the drafter's context of the
+        prefix (it drafts), so the prefix ends at the first block without one."""
         if not self.prefix_caching:
             return []
         blocks = []
         for h in block_hashes(tokens[: len(tokens) - 1]):
             block = self.cached.get(h)
-            if block is None:
+            if block is None or (context and block in self.without_context):
                 break
             blocks.append(block)
         return blocks
 
-    def cost(self, tokens: list[int], positions: int) -> int:
-        """Blocks a new row holding `positions` positions whose first tokens are `tokens` takes from the free ones."""
-        hits = self.match(tokens)
+    def cost(self, tokens: list[int], positions: int, context: bool = True) -> int:
+        """Blocks a new row holding `positions` positions whose first tokens are `tokens` takes from the free ones.
+        Never more with context=False (more hits, each taking at most the block it saves)."""
+        hits = self.match(tokens, context)
         return blocks_for(positions) - len(hits) + sum(1 for b in hits if self.refs[b] == 0)
 
     # -- a row's life
-    def admit(self, row: int, tokens: list[int], positions: int) -> int:
-        """Give `row` the blocks of its first `positions` positions, reusing cached ones for a prefix of `tokens`;
-        -> the positions reused (a multiple of BLOCK). The caller checked `cost` against `available`."""
-        hits = self.match(tokens)
+    def admit(self, row: int, tokens: list[int], positions: int, context: bool = True) -> int:
+        """Give `row` the blocks of its first `positions` positions, reusing cached ones for a prefix of `tokens`
+        (with the drafter's context, when `context`); -> the positions reused (a multiple of BLOCK). The caller
+        checked `cost` against `available`."""
+        hits = self.match(tokens, context)
         for b in hits:
             self.take(b, hit=True)
         self.rows[row] = []
@@ -91,14 +102,22 @@ class BlockPool:
         self.assign(row, [self.take(next(iter(self.free))) for _ in range(need)])
         return True
 
-    def release(self, row: int, tokens: list[int] | None = None) -> None:
-        """`row` ends; tokens: what its first positions hold (K/V and drafter context both written): its full
-        blocks among them stay cached for reuse. None: nothing is kept."""
+    def release(self, row: int, tokens: list[int] | None = None, context: bool = True) -> None:
+        """`row` ends; tokens: what its first positions hold (their K/V written): its full blocks among them stay
+        cached for reuse. context: their drafter context is written too (False: a plain-only request's). None:
+        nothing is kept."""
         blocks = self.rows.pop(row)
         if tokens is not None and self.prefix_caching:
             for block, h in zip(blocks, block_hashes(tokens)):
-                if h not in self.cached and block not in self.hash_of:
+                if block in self.hash_of:  # a hit it took: cached already
+                    continue
+                held = self.cached.get(h)
+                if held is None or (context and held in self.without_context):
+                    if held is not None:  # the same tokens without the drafter's context: this copy serves more
+                        self.uncache(held)
                     self.cached[h], self.hash_of[block] = block, h
+                    if not context:
+                        self.without_context.add(block)
         for block in reversed(blocks):  # a chain's tail is evicted before its head
             self.refs[block] -= 1
             if self.refs[block] == 0:
@@ -127,6 +146,13 @@ class BlockPool:
     def evict(self, block: int, h: int) -> None:
         del self.hash_of[block]
         del self.cached[h]
+        self.without_context.discard(block)
+
+    def uncache(self, block: int) -> None:
+        """`block` leaves the prefix cache; free, it is taken first (as an uncached block is)."""
+        self.evict(block, self.hash_of[block])
+        if self.refs[block] == 0:
+            self.free.move_to_end(block, last=False)
 
     def assign(self, row: int, blocks: list[int]) -> None:
         held = self.rows[row]

@@ -5,7 +5,8 @@
   `torch.compile` (whole graphs, `fullgraph=True`). Rows and tokens are symbolic from the first graph, the key
   span and the caches' sizes from their first change (automatic dynamic), so the load-time warm-up
   (`compile_step_shapes`) compiles everything a server later meets (tested): a size of 1 stays specialised
-  (one row or several, one token or a block: four target graphs, two drafter graphs; caches keep at least 2
+  (one row or several, one token or a block: four target graphs, two more of plain decoding's pass that
+  captures no features, two drafter graphs; with the prefill's two, `dflash-build compile` stores ten; caches keep at least 2
   slots for that reason). The target's prefill is compiled too (`compile_prefill`), with symbolic rows and
   prompt length (right-padded to `PREFILL_ALIGN`): eager, an admission of the built-in pair ran ~1,600 aten
   ops, which on an H100 cost ~6 ms for any prompt length, 4-5 of its plain steps; compiled, 3.2-3.6 ms
@@ -60,9 +61,8 @@ class StepShapes:
     min_rows = min_width = 2 (`GRAPH_SHAPES`) keeps every size of a compiled pass above 1, which torch.compile
     specialises: one target graph and one drafter graph to compile instead of four and two (one row or
     several, one token or a block). The compile work is the same on a CPU: the warm-up of gpu_decode's random
-    build at hidden 256, 8 target layers, took 33-34 s instead of 73-77 s there, exact (`python
-    benchmarks/compile_regions.py --layers 8 --variants plain,graph-shapes,plain,graph-shapes --output
-    benchmarks/results/compile_graph_shapes.json`). The price: a lone request steps as two rows and a plain
+    build at hidden 256, 8 target layers, took 33-34 s instead of 73-77 s there, exact (a one-off
+    measurement; its script, compile_regions.py, was not kept). The price: a lone request steps as two rows and a plain
     step that keeps the drafter's context as two tokens per row. Plain-only requests alone step one token per
     row (`Generator.padded`: plain decoding's pass, one more target graph), since on an H100 the padded plain
     step of the built-in pair (float32) cost up to 1.6x plain decoding's (benchmarks/results/gpu_h100_policy/)."""

@@ -63,7 +63,7 @@ def slot_rows(slots: list[int]) -> slice | list[int]:
 
 class AcceptanceModel:
     """Counts are stacked [2, ...] (trials, acceptances) so one numpy call updates or reads both: the model runs
-    between steps, where each call's fixed cost dominates arrays this small (benchmarks/policy_host_time.py)."""
+    between steps, where each call's fixed cost dominates arrays this small (a one-off measurement, policy_host_time.py, not kept)."""
 
     def __init__(self, num_slots: int, max_draft_len: int, settings: AcceptanceSettings = AcceptanceSettings()):
         self.settings, self.max_draft_len = settings, max_draft_len
@@ -75,7 +75,7 @@ class AcceptanceModel:
         # observed steps not yet applied, in order: (slots, draft length, accepted, drafting); applied by `folded`
         # before anything reads or changes the counts, so a policy that reads them every few steps pays the
         # bookkeeping once for several steps, with its code warm after the first (between steps, right after
-        # the step's own work, each call runs several times slower: benchmarks/policy_host_time.py)
+        # the step's own work, each call runs several times slower: the same one-off measurement)
         self.pending: list[tuple] = []
         # per row that accepted a = 0..K drafts, [3, K + 1, K]: the factor its own counts decay by (only positions
         # it reached forget), and its evidence: position j + 1 reached (every earlier draft accepted), accepted.

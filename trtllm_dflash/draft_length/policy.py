@@ -129,7 +129,7 @@ PLAIN_KEPT_STEPS = 8
 # kept steps' evidence and slow drifts (context, cost factors) change meanwhile; the acceptance model applies the
 # evidence of those steps in one go at the next choice (`AcceptanceModel.folded`). Choosing at every drafting step
 # cost the built-in pair's closed loop about 400 us of host time a step at 1 row and 580 at 16 on this project's
-# CPU, with the H100's cost model (benchmarks/policy_host_time.py: the step has just evicted the policy's code and
+# CPU, with the H100's cost model (a one-off script, policy_host_time.py, not kept: the step has just evicted the policy's code and
 # data from the caches, so the same work runs about four times slower than warm). Keeping choices took it to about
 # 150 and 400 us. On an H100 a 1-row whole-block step of that pair took 2.5-3.6 ms always drafting 15 and 3.1-4.4
 # ms under this policy (per-repeat medians, benchmarks/results/gpu_h100_policy/prefill_e1f6625).
@@ -222,7 +222,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         # steps: one or two drafts), so its requests' own evidence is mostly the first draft's, a coin flip for
         # the built-in drafter. Counted for every newcomer, a closed loop of snippets at concurrency 16 backed their
         # bucket off to one newcomer in 16 in most repeats, and the concurrency-4 point after it admitted all 24
-        # of its requests plain-only in 6 of 8 repeats, offline (benchmarks/bucket_verdicts.py).
+        # of its requests plain-only in 6 of 8 repeats, offline (benchmarks/results/bucket_verdicts.json).
         self.judges = True
 
     def prepare(self, generator) -> None:
@@ -411,7 +411,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         bucket's evidence, a hard one stops after two, so after one easy 1024-token window of the built-in pair
         and three hard ones the optimistic rates still had each new window draft at its first step and again at
         the probe after it (at concurrency 1, 0.96 of plain decoding's rate against 1.01 without that:
-        benchmarks/newcomer_admission.py). Beside requests that keep the context the estimates decide: those
+        benchmarks/results/newcomer_admission.json). Beside requests that keep the context the estimates decide: those
         requests' drafting steps verify every row's k + 1 tokens anyway. Nor does a due probe of the policy's own hand such newcomers in a small batch the context's upkeep for
         a single drafting step (too few to judge them by). Nothing does where no evidence could make a drafting
         step win (`reachable`)."""
@@ -436,7 +436,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         served `make demo` a one-wave point's first request was often admitted alone a few steps before the other
         15 (one admission call, then one for the rest); its probe broke the streak and the 15 kept the drafter's
         context beside it, on a CPU where 16 rows of snippets never draft: 739 of the wave's 2032 request-steps
-        offline, 18 with this rule (benchmarks/lone_first.py; tokens/s moved within a one-wave point's spread)."""
+        offline, 18 with this rule (benchmarks/results/lone_first.json; tokens/s moved within a one-wave point's spread)."""
         if self.plain_streak >= PLAIN_ONLY_AFTER:
             return False
         return self.small(batch) or not self.streak_small

@@ -31,7 +31,7 @@ STEP_IDLE_S = 0.005  # how long the loop sleeps when nothing is queued or runnin
 # per step (metrics 0.13, cancellation checks 0.05-0.2, decoding 0.07-0.3), against plain steps of 2.5-6 ms;
 # about 0.1 ms now. So counts reach the exporter in batches, clients are polled, and a non-streaming request
 # without stop strings is decoded once, at its end (served plain decoding gained 2-10 %,
-# benchmarks/serve_loop_overhead.py):
+# a one-off measurement, not kept):
 METRICS_FLUSH_S = 0.25  # counts of running steps are exported at least this often (and before every final answer)
 CANCEL_POLL_S = 0.05  # a client that went away is noticed within this long (its slot freed)
 

@@ -23,7 +23,7 @@ CONTEXT_KV_PATHS = ("op", "triton", "unfused")
 # pair on CPU about 9 % (batch 1), written 16 steps at once 3-4 % (batch 1 to 16, and a prompt's at prefill
 # 10 % of a 1024-token prefill). Written only when a drafter pass reads them, a request that ends or stops
 # drafting first never pays them: in a batch held to plain steps that is most of its tokens (keeping the
-# context then cost 1.00-1.02x plain decoding, benchmarks/plain_only_admission.py).
+# context then cost 1.00-1.02x plain decoding, benchmarks/results/plain_only_admission.json).
 PENDING_BYTES = 256 << 20
 
 

@@ -62,7 +62,7 @@ def token_stream(files: list[SourceFile], tokenizer) -> torch.Tensor:
 
 def pretrain(stream: torch.Tensor, shape: TargetShape, cfg: PretrainConfig, eos_id: int, log=print, model=None):
     """-> the trained transformers model (eval mode) and its per-step losses. `model`: any transformers
-    causal LM to train instead of the Qwen3 of `shape` (benchmarks/moe_drafter_tau.py trains MoE ones)."""
+    causal LM to train instead of the Qwen3 of `shape` (MoE ones, as a one-off MoE drafter run did)."""
     from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(cfg.seed)
