@@ -2,7 +2,13 @@
 `dflash-serve` to ready (GET /v2/health/ready answers).
 
     python benchmarks/startup.py [--device cpu|cuda | --gpu] [--step-modes compile] [--repeats 3] [--serve]
-                                 [--output benchmarks/results/startup_cpu.json]
+                                 [--shapes builtin|qwen3-8b|tiny] [--output benchmarks/results/startup_cpu.json]
+    python benchmarks/startup.py --gpu --shapes qwen3-8b --step-modes cuda-graphs --cold-repeats 0 --serve  # a lease
+    python benchmarks/startup.py --shapes tiny --repeats 1 --cold-repeats 1   # a smoke run of the random pair (CPU)
+
+--shapes: the built-in pair in float32 (default), or gpu_decode.py's random-weight pair written as checkpoints
+(config.json, model.safetensors, a word-level tokenizer over the vocabulary) and built as a published pair is:
+Qwen3-8B shapes in bfloat16 with a 5-layer drafter, or its tiny smoke shapes in float32.
 
 cold: the engine without stored graphs and an empty TORCHINDUCTOR_CACHE_DIR (every graph compiled, as before
 `dflash-build compile` existed). warm: the engine after `dflash-build compile`, copied to a new path each run, and
@@ -27,6 +33,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT, NEW_TOKENS, DRAFT_LEN = "5,6,7,8", 32, "4"
+SHAPES = ("builtin", "qwen3-8b", "tiny")
 FALLBACK = "compiling them now"  # graph_store.use_stored_graphs' warning
 
 
@@ -74,6 +81,43 @@ def serve(engine: Path, mode: str, threads: int, cache: Path, work: Path) -> tup
         proc.wait(60)
 
 
+def random_pair(shapes: str, work: Path, device: str) -> tuple[Path, Path, str]:
+    """gpu_decode.py's random-weight pair as checkpoint directories -> (target, drafter, dtype). The tensors are
+    drawn on `device` (16 GB at Qwen3-8B shapes: seconds on a GPU) and saved from the host."""
+    import torch
+    from safetensors.torch import save_file
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from gpu_decode import QWEN3_8B, TINY, configs, random_checkpoint
+    from trtllm_dflash.config import DrafterConfig, TargetConfig
+    from trtllm_dflash.models.drafter import DFlashDrafter
+    from trtllm_dflash.models.target import TargetModel
+
+    tiny = shapes == "tiny"
+    shape, dtype = (TINY, torch.float32) if tiny else (QWEN3_8B, torch.bfloat16)
+    t_raw, d_raw = configs(shape, 2 if tiny else 5)
+    for name, raw, model, parse in (("target", t_raw, TargetModel, TargetConfig),
+                                    ("drafter", d_raw, DFlashDrafter, DrafterConfig)):
+        path = work / shapes / name
+        path.mkdir(parents=True)
+        (path / "config.json").write_text(json.dumps({**raw, "torch_dtype": str(dtype).removeprefix("torch.")}))
+        tensors = random_checkpoint(model, parse.from_dict(raw, name), device, dtype)
+        save_file({k: v.cpu() for k, v in tensors.items()}, str(path / "model.safetensors"))
+        del tensors
+    word_tokenizer(work / shapes / "target", shape["vocab_size"])
+    return work / shapes / "target", work / shapes / "drafter", str(dtype).removeprefix("torch.")
+
+
+def word_tokenizer(path: Path, vocab: int) -> None:
+    """A word-level tokenizer over the whole vocabulary ('t0' .. 't{vocab - 1}'), so every output id decodes."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="t1", unk_token="t0").save_pretrained(str(path))
+
+
 def summary(values: list[float]) -> dict:
     return {"median_s": statistics.median(values), "min_s": min(values), "max_s": max(values),
             "runs_s": [round(v, 2) for v in values]}
@@ -109,6 +153,8 @@ def main() -> None:
     p.add_argument("--cold-repeats", type=int, help="cold runs (default --repeats; each compiles every graph)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--serve", action="store_true", help="also time dflash-serve to ready (needs tritonserver)")
+    p.add_argument("--shapes", choices=SHAPES, default="builtin",
+                   help="the pair: built-in (float32), or random weights at Qwen3-8B shapes (bfloat16) or tiny ones")
     p.add_argument("--output", type=Path)
     args = p.parse_args()
     if args.gpu:
@@ -125,11 +171,13 @@ def main() -> None:
     import torch
 
     work = Path(tempfile.mkdtemp(prefix="dflash-startup-"))
-    target, drafter = stdlib_pair()
-    base = build_engine(BuildSpec(str(target), str(drafter), str(work / "engine"), dtype="float32"), "startup.py")
+    target, drafter, dtype = stdlib_pair() + ("float32",) if args.shapes == "builtin" else random_pair(
+        args.shapes, work, args.device)
+    base = build_engine(BuildSpec(str(target), str(drafter), str(work / "engine"), dtype=dtype), "startup.py")
     eager_ids = generate(base, "eager", args.device, args.threads, work / "inductor-eager")[1]
-    record = {"command": "python " + " ".join(sys.argv), "device": device_name(torch.device(args.device)),
-              "torch": torch.__version__, "threads": args.threads, "repeats": args.repeats, "cold_repeats": args.cold_repeats,
+    record = {"command": "python " + " ".join(sys.argv), "shapes": args.shapes,
+              "device": device_name(torch.device(args.device)), "torch": torch.__version__, "threads": args.threads,
+              "repeats": args.repeats, "cold_repeats": args.cold_repeats,
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "load_average_before": os.getloadavg(), "modes": {}}
     for mode in modes:
