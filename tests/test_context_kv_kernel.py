@@ -1,9 +1,12 @@
-"""The fused context-KV Triton kernel against a float64 reference (CPU: Triton's interpreter)."""
+"""The fused context-KV Triton kernel writing the paged pool, against a float64 reference placed token by token
+(CPU: Triton's interpreter)."""
 
 import pytest
 import torch
 
+from trtllm_dflash.kv_cache import BLOCK, BlockTable
 from trtllm_dflash.plugins.context_kv import ContextKVWeights
+from trtllm_dflash.plugins.context_kv.op import write_context_kv
 from trtllm_dflash.plugins.context_kv.reference import context_kv_reference, project_context_kv
 from trtllm_dflash.plugins.context_kv.triton_kernel import context_kv_triton
 
@@ -26,14 +29,37 @@ def as64(w: ContextKVWeights) -> ContextKVWeights:
                             w.hidden_eps, w.k_eps)
 
 
-def ragged_tokens(g, new_tokens: list[int], starts: list[int], slots: list[int]):
-    """Flatten a batch where request b adds new_tokens[b] tokens at positions starts[b]... in slot slots[b]."""
+def ragged_tokens(g, new_tokens: list[int], starts: list[int], rows: list[int]):
+    """Flatten a batch where request b adds new_tokens[b] tokens at positions starts[b]... of table row rows[b]."""
     pos = torch.cat([s + torch.arange(n) for n, s in zip(new_tokens, starts)])
-    slot = torch.cat([torch.full((n,), s) for n, s in zip(new_tokens, slots)])
-    return pos, slot
+    row = torch.cat([torch.full((n,), r) for n, r in zip(new_tokens, rows)])
+    return pos, row
 
 
-CASES = [  # hidden, n_ids, layers, kv heads, head_dim, new tokens per request, start positions, slots
+def scattered_table(g, pos, row, spare: int = 3) -> tuple[BlockTable, dict]:
+    """A block table where each (row, logical block) the tokens touch owns a pool block at random, `spare` blocks
+    owned by nobody -> (table, {(row, logical block): pool block}) (the mapping as plain Python, for the oracle)."""
+    needed = sorted({(int(r), int(p) // BLOCK) for r, p in zip(row, pos)})
+    num_blocks = len(needed) + spare
+    owned = dict(zip(needed, torch.randperm(num_blocks, generator=g)[: len(needed)].tolist()))
+    table = BlockTable(int(row.max()) + 2, int(pos.max()) + 1, num_blocks, "cpu")
+    table.set(*map(list, zip(*((r, i, b) for (r, i), b in owned.items()))))
+    return table, owned
+
+
+def expected_pools(k, v, pos, row, owned, shape, dtype):
+    """k, v [N, L, H_kv, D] placed token by token at pool[:, owned[row, pos // BLOCK], pos % BLOCK]; POISON
+    elsewhere. -> k_pool, v_pool, written mask [N_blocks, BLOCK]."""
+    k_pool, v_pool = torch.full(shape, POISON, dtype=dtype), torch.full(shape, POISON, dtype=dtype)
+    written = torch.zeros(shape[1], BLOCK, dtype=torch.bool)
+    for n, (r, p) in enumerate(zip(row.tolist(), pos.tolist())):
+        block, offset = owned[r, p // BLOCK], p % BLOCK
+        k_pool[:, block, offset], v_pool[:, block, offset] = k[n].to(dtype), v[n].to(dtype)
+        written[block, offset] = True
+    return k_pool, v_pool, written
+
+
+CASES = [  # hidden, n_ids, layers, kv heads, head_dim, new tokens per request, start positions, table rows
     (64, 3, 2, 2, 64, [1, 16, 5], [0, 40, 3000], [2, 0, 1]),
     (128, 2, 3, 1, 128, [7, 1], [9000, 17], [1, 3]),
     (96, 5, 2, 4, 64, [33], [100_000], [0]),
@@ -41,40 +67,45 @@ CASES = [  # hidden, n_ids, layers, kv heads, head_dim, new tokens per request, 
 ]
 
 
+def paged_case(case, dtype, seed):
+    """-> features, positions, rows, weights, the table's (blocks, offsets) per token, {(row, i): block}, pool shape."""
+    hidden, n_ids, layers, kv_heads, head_dim, new, starts, rows = case
+    g = torch.Generator().manual_seed(seed)
+    w = random_weights(g, hidden, n_ids, layers, kv_heads, head_dim, dtype)
+    pos, row = ragged_tokens(g, new, starts, rows)
+    features = torch.randn(len(pos), n_ids * hidden, generator=g).to(dtype)
+    table, owned = scattered_table(g, pos, row)
+    shape = (layers, table.num_blocks + 1, BLOCK, kv_heads, head_dim)  # the last block is the null block
+    return features, pos, row, w, table.locate(row, pos), owned, shape
+
+
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 2e-6), (torch.bfloat16, 2e-2), (torch.float16, 3e-3)])
 @pytest.mark.parametrize("case", CASES)
-def test_kernel_matches_float64_reference(case, dtype, tol):
-    hidden, n_ids, layers, kv_heads, head_dim, new, starts, slots = case
-    g = torch.Generator().manual_seed(hash((case[0], case[4], str(dtype))) % 2**31)
-    w = random_weights(g, hidden, n_ids, layers, kv_heads, head_dim, dtype)
-    pos, slot = ragged_tokens(g, new, starts, slots)
-    features = torch.randn(len(pos), n_ids * hidden, generator=g).to(dtype)
-    capacity = int(pos.max()) + 3
-    shape = (layers, max(slots) + 2, kv_heads, capacity, head_dim)
-    k_cache = torch.full(shape, POISON, dtype=dtype)
-    v_cache = torch.full(shape, POISON, dtype=dtype)
-    context_kv_triton(features, pos, slot, w, k_cache, v_cache)
+def test_kernel_writes_the_paged_pool_like_a_float64_reference(case, dtype, tol):
+    features, pos, row, w, (blocks, offsets), owned, shape = paged_case(case, dtype, hash((case[0], case[4])) % 2**31)
+    k_pool = torch.full(shape, POISON, dtype=dtype)
+    v_pool = torch.full(shape, POISON, dtype=dtype)
+    context_kv_triton(features, pos, blocks, offsets, w, k_pool, v_pool)
     k_ref, v_ref = project_context_kv(features.double(), pos, as64(w))  # [N, L, H_kv, D]
-    k_out, v_out = k_cache[:, slot, :, pos].double(), v_cache[:, slot, :, pos].double()
-    for out, ref in ((k_out, k_ref), (v_out, v_ref)):
-        assert ((out - ref).norm() / ref.norm()).item() < tol
-    written = torch.zeros(shape[1], shape[3], dtype=torch.bool)
-    written[slot, pos] = True
-    untouched = ~written[None, :, None, :, None].expand(shape)
-    assert (k_cache[untouched] == POISON).all() and (v_cache[untouched] == POISON).all()
-    assert (k_cache[~untouched] != POISON).all() and (v_cache[~untouched] != POISON).all()
+    k_exp, v_exp, written = expected_pools(k_ref, v_ref, pos, row, owned, shape, torch.float64)
+    assert not written[-1].any()  # the null block is nobody's
+    for out, exp in ((k_pool, k_exp), (v_pool, v_exp)):
+        got, want = out.double()[:, written], exp[:, written]  # [L, N, H_kv, D]
+        assert ((got - want).norm() / want.norm()).item() < tol
+        assert (out[:, ~written] == POISON).all()  # other offsets, other blocks and the null block untouched
 
 
-def test_reference_path_writes_the_same_places():
-    g = torch.Generator().manual_seed(0)
-    w = random_weights(g, 64, 2, 2, 2, 64, torch.float32)
-    pos, slot = ragged_tokens(g, [3, 5], [10, 2], [1, 0])
-    features = torch.randn(len(pos), 128, generator=g)
-    caches = [torch.full((2, 2, 2, 16, 64), POISON) for _ in range(4)]
-    context_kv_reference(features, pos, slot, w, caches[0], caches[1])
-    context_kv_triton(features, pos, slot, w, caches[2], caches[3])
-    torch.testing.assert_close(caches[0], caches[2], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(caches[1], caches[3], atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("case", CASES[:2])
+def test_op_and_reference_write_the_pool_in_the_same_places(case):
+    """The op (on CPU: the reference) and the kernel against the same token-by-token placement."""
+    features, pos, row, w, (blocks, offsets), owned, shape = paged_case(case, torch.float32, 0)
+    k, v = project_context_kv(features, pos, w)
+    k_exp, v_exp, _ = expected_pools(k, v, pos, row, owned, shape, torch.float32)
+    for write in (write_context_kv, context_kv_reference, context_kv_triton):
+        k_pool, v_pool = torch.full(shape, POISON), torch.full(shape, POISON)
+        write(features, pos, blocks, offsets, w, k_pool, v_pool)
+        torch.testing.assert_close(k_pool, k_exp, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(v_pool, v_exp, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("case", CASES[:2])
@@ -82,10 +113,10 @@ def test_dense_kernel_for_tensorrt_matches_reference(case):
     """The TensorRT plugin's kernel (dense [N, L, H_kv, D] outputs) on the same fp64 oracle."""
     from trtllm_dflash.plugins.context_kv.triton_kernel import context_kv_dense_triton
 
-    hidden, n_ids, layers, kv_heads, head_dim, new, starts, slots = case
+    hidden, n_ids, layers, kv_heads, head_dim, new, starts, rows = case
     g = torch.Generator().manual_seed(7)
     w = random_weights(g, hidden, n_ids, layers, kv_heads, head_dim, torch.float32)
-    pos, _ = ragged_tokens(g, new, starts, slots)
+    pos, _ = ragged_tokens(g, new, starts, rows)
     features = torch.randn(len(pos), n_ids * hidden, generator=g)
     k, v = context_kv_dense_triton(features @ w.fc.T, pos, w)
     k_ref, v_ref = project_context_kv(features.double(), pos, as64(w))

@@ -1,6 +1,9 @@
-"""The runtime with the fused context-KV op (and the Triton kernel itself) against the unfused path."""
+"""The runtime with the fused context-KV op (and the Triton kernel itself) writing the paged pool, against the
+unfused path (same acceptance: the drafter read the same context) and transformers' greedy output."""
 
 import pytest
+import torch
+from oracle import hf_greedy
 
 from trtllm_dflash.builtin import held_out_prompts
 from trtllm_dflash.generator import Generator
@@ -19,6 +22,11 @@ def test_fused_paths_keep_greedy_output_and_acceptance(builtin, path):
     assert max(max(r.acceptance_lengths) for r in unfused) > 1
     for a, b in zip(fused, unfused):
         assert a.output_ids == b.output_ids and a.acceptance_lengths == b.acceptance_lengths
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(builtin[0]), dtype=torch.float32).eval()
+    for result, request in zip(fused, requests):
+        assert result.output_ids == hf_greedy(hf, list(request.prompt_ids), 24)
 
 
 def test_unknown_context_kv_path(builtin):

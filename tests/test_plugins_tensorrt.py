@@ -54,8 +54,8 @@ for arch in (90, 100):
     consts = dict(HIDDEN_EPS=1e-6, K_EPS=1e-6, NUM_KV_HEADS=8, HALF=64, BLOCK_N=16, BLOCK_K=64, UPCAST=False,
                   PRECISION="tf32")
     sig = {"y_ptr": "*bf16", "hn_ptr": "*bf16", "w_ptr": "*bf16", "kn_ptr": "*bf16", "freq_ptr": "*fp32",
-           "pos_ptr": "*i64", "slot_ptr": "*i64", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "N": "i32", "H": "i32",
-           "s_cl": "i64", "s_cs": "i64", "s_ch": "i64", "s_cp": "i64", **{k: "constexpr" for k in consts}}
+           "pos_ptr": "*i64", "blk_ptr": "*i64", "off_ptr": "*i64", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "N": "i32",
+           "H": "i32", "s_pl": "i64", "s_pb": "i64", "s_po": "i64", "s_ph": "i64", **{k: "constexpr" for k in consts}}
     c = triton.compile(ASTSource(fn=_cache_kernel, signature=sig, constexprs=consts), target=target)
     assert ".visible .entry _cache_kernel(" in c.asm["ptx"] and "cubin" in c.asm
     print(arch, "ok", c.metadata.num_warps, c.metadata.shared)

@@ -196,12 +196,6 @@ class KVCache:
         """Bytes of one pool block: K and V of every full layer."""
         return 2 * self.k[:, 0].numel() * self.k.element_size()
 
-    def write_all(self, rows: Tensor, positions: Tensor, k: Tensor, v: Tensor) -> None:
-        """Every full layer at once: rows, positions [N] -> k, v [N, L_full, H_kv, D] (the drafter's context)."""
-        blocks, offsets = self.table.locate(rows, positions)
-        self.k[:, blocks, offsets] = k.transpose(0, 1).to(self.k.dtype)  # index result: [L, N, H_kv, D]
-        self.v[:, blocks, offsets] = v.transpose(0, 1).to(self.v.dtype)
-
     def move(self, src: int, dst: int, length: int) -> None:
         """A sequence changes row: its window rings go from row src to row dst (its full layers' blocks move with
         its table row, `BlockTable.move`). Device copies only."""

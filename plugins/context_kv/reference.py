@@ -30,11 +30,13 @@ def project_context_kv(features: torch.Tensor, positions: torch.Tensor, w: Conte
     return k, kv[:, :, 1]
 
 
-def context_kv_reference(features, positions, slots, w: ContextKVWeights, k_cache, v_cache) -> None:
-    """Write the new tokens' context K/V of every layer: cache[l, slots[n], :, positions[n]].
+def context_kv_reference(features, positions, blocks, offsets, w: ContextKVWeights, k_pool, v_pool) -> None:
+    """Write the new tokens' context K/V of every layer into the paged pool: pool[l, blocks[n], offsets[n]].
 
-    k_cache, v_cache: [L, S, H_kv, C, D]. Tokens are ragged: any slots, any positions.
+    k_pool, v_pool: [L, N_blocks, BLOCK, H_kv, D] (kv_cache.KVCache.k/.v); blocks, offsets [N] from
+    `BlockTable.locate` for each token's (row, position); positions [N] give RoPE. Tokens are ragged: any rows,
+    any positions.
     """
     k, v = project_context_kv(features, positions, w)
-    k_cache[:, slots, :, positions] = k.to(k_cache.dtype)  # index result: [N, L, H_kv, D]
-    v_cache[:, slots, :, positions] = v.to(v_cache.dtype)
+    k_pool[:, blocks, offsets] = k.transpose(0, 1).to(k_pool.dtype)  # index result: [L, N, H_kv, D]
+    v_pool[:, blocks, offsets] = v.transpose(0, 1).to(v_pool.dtype)

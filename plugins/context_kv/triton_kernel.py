@@ -11,9 +11,10 @@ halves so RoPE's rotate-half pairs (j, j + D/2) are in registers: lo' = lo cos -
 hi' = hi cos + lo sin. Accumulation is fp32 whatever the input dtype; fp32 inputs use IEEE fp32
 products, not TF32.
 
-Two entry kernels share that body: `_cache_kernel` scatters into the draft cache
-[L, S, H_kv, C, D] at (slot, position) per token (the runtime's op); `_dense_kernel` writes
-[N, L, H_kv, D] outputs with its arguments ordered inputs, scalars, outputs (the TensorRT plugin).
+Two entry kernels share that body: `_cache_kernel` scatters into the drafter's paged pool
+[L, N_blocks, BLOCK, H_kv, D] at each token's (pool block, offset in block), from `BlockTable.locate`
+(the runtime's op; the position only drives RoPE); `_dense_kernel` writes [N, L, H_kv, D] outputs with
+its arguments ordered inputs, scalars, outputs (the TensorRT plugin).
 """
 
 from __future__ import annotations
@@ -74,17 +75,19 @@ def _project_tile(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, N, H, HIDDEN_
 
 
 @triton.jit
-def _cache_kernel(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, slot_ptr, kc_ptr, vc_ptr, N, H,
-                  s_cl, s_cs, s_ch, s_cp,  # cache strides: layer, slot, head, position (D is unit)
+def _cache_kernel(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, blk_ptr, off_ptr, kc_ptr, vc_ptr, N, H,
+                  s_pl, s_pb, s_po, s_ph,  # pool strides: layer, block, offset in block, head (D is unit)
                   HIDDEN_EPS: tl.constexpr, K_EPS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
-    lo, hi, rows, row_ok, pos = _project_tile(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, N, H, HIDDEN_EPS,
-                                              K_EPS, NUM_KV_HEADS, HALF, BLOCK_N, BLOCK_K, UPCAST, PRECISION)
+    lo, hi, rows, row_ok, _ = _project_tile(y_ptr, hn_ptr, w_ptr, kn_ptr, freq_ptr, pos_ptr, N, H, HIDDEN_EPS,
+                                            K_EPS, NUM_KV_HEADS, HALF, BLOCK_N, BLOCK_K, UPCAST, PRECISION)
     col = tl.program_id(1)
     layer, kind, head = col // (2 * NUM_KV_HEADS), (col // NUM_KV_HEADS) % 2, col % NUM_KV_HEADS
-    slot = tl.load(slot_ptr + rows, mask=row_ok, other=0)
+    block = tl.load(blk_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    offset = tl.load(off_ptr + rows, mask=row_ok, other=0).to(tl.int64)
     out = tl.where(kind == 0, kc_ptr, vc_ptr)
-    base = out + layer * s_cl + slot[:, None] * s_cs + head * s_ch + pos[:, None] * s_cp
+    # int64 offsets: a whole pool (layers x blocks) can pass 2^31 elements while each stride fits in int32
+    base = out + layer.to(tl.int64) * s_pl + block[:, None] * s_pb + offset[:, None] * s_po + head * s_ph
     j = tl.arange(0, HALF)[None, :]
     tl.store(base + j, lo.to(kc_ptr.dtype.element_ty), mask=row_ok[:, None])
     tl.store(base + HALF + j, hi.to(kc_ptr.dtype.element_ty), mask=row_ok[:, None])
@@ -129,16 +132,16 @@ def grid(n: int, w: ContextKVWeights, block_n: int = 16) -> tuple[int, int]:
     return triton.cdiv(n, block_n), w.num_layers * 2 * w.num_kv_heads
 
 
-def context_kv_triton(features, positions, slots, w: ContextKVWeights, k_cache, v_cache) -> None:
-    """Same contract as `context_kv_reference`; k_cache/v_cache: [L, S, H_kv, C, D], D contiguous."""
+def context_kv_triton(features, positions, blocks, offsets, w: ContextKVWeights, k_pool, v_pool) -> None:
+    """Same contract as `context_kv_reference`; k_pool/v_pool: [L, N_blocks, BLOCK, H_kv, D], D contiguous."""
     y = (features @ w.fc.T).contiguous()  # [N, H]: the fc GEMM (cuBLAS)
     n, hidden = y.shape
     if n == 0:
         return
-    assert k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride()
+    assert k_pool.dim() == 5 and k_pool.stride(-1) == 1 and k_pool.stride() == v_pool.stride()
     _cache_kernel[grid(n, w)](y, w.hidden_norm, w.kv, w.k_norm, w.inv_freq.float().contiguous(),
-                              positions.contiguous(), slots.contiguous(), k_cache, v_cache, n, hidden,
-                              *k_cache.stride()[:4], **launch_constants(w, y.dtype, hidden))
+                              positions.contiguous(), blocks.contiguous(), offsets.contiguous(), k_pool, v_pool,
+                              n, hidden, *k_pool.stride()[:4], **launch_constants(w, y.dtype, hidden))
 
 
 def context_kv_dense_triton(y, positions, w: ContextKVWeights) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,7 @@ from ..models.attention import ForwardContext
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..plugins.context_kv import context_kv_weights
-from ..plugins.context_kv.reference import project_context_kv
+from ..plugins.context_kv.op import write_context_kv
 from ..sampling import PROPOSE, sample, token_probs, uniforms
 from .base import ContextTokens, Proposer, StepBatch
 
@@ -35,10 +35,9 @@ class DFlashProposer(Proposer):
     """Keeps a draft cache of context K/V only, appended once per committed token.
 
     The block's own K/V are scratch inside one drafting pass and never stored, so "cropping
-    the draft cache to the context" costs nothing. Context K/V are projected for every layer at once
-    with one stacked matmul and written into the paged pool ("op" and "triton": the fused op's math,
-    plugins/context_kv/reference.py; its kernels write a per-slot layout, not the pool), or layer by
-    layer ("unfused", also used for biased drafters).
+    the draft cache to the context" costs nothing. Context K/V of every layer are written into the paged
+    pool by the fused `trtllm_dflash::context_kv` op ("op": Triton on CUDA, PyTorch elsewhere), by the
+    Triton kernel directly ("triton"), or layer by layer in PyTorch ("unfused", also used for biased drafters).
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, context_kv: str = "op"):
@@ -128,8 +127,15 @@ class DFlashProposer(Proposer):
                 layer.write(ctx, k, v)
             return
         b, t = positions.shape  # flatten to N = B * T tokens, each with its own slot and position
-        k, v = project_context_kv(features.reshape(b * t, -1), positions.reshape(-1), self.stacked)
-        self.cache.write_all(slots[:, None].expand(b, t).reshape(-1), positions.reshape(-1), k, v)
+        flat = positions.reshape(-1)
+        blocks, offsets = self.cache.table.locate(slots[:, None].expand(b, t).reshape(-1), flat)  # [N] each
+        args = (features.reshape(b * t, -1), flat, blocks, offsets, self.stacked, self.cache.k, self.cache.v)
+        if self.context_kv == "triton":
+            from ..plugins.context_kv.triton_kernel import context_kv_triton  # triton is imported only here
+
+            context_kv_triton(*args)
+        else:
+            write_context_kv(*args)
 
     def propose(self, batch: StepBatch, num_drafts: int):
         self.flush()  # the drafter attends to every committed token's context K/V
