@@ -273,9 +273,10 @@ def test_bucket_rates_follow_every_drafting_step():
 def test_observed_steps_reach_the_counts_in_order_however_late_they_are_read():
     """Steps are applied when the counts are next read (`AcceptanceModel.folded`); whatever the reads' timing the
     counts equal the documented recurrence, run here in Python floats step by step: a step of k drafts of which a
-    are accepted reaches positions 1..min(a + 1, k) and accepts 1..a; a slot's reached positions decay by
-    slot_decay, the pooled counts of positions 1..k by pooled_decay; a plain-only row (drafting False) only
-    moves its context by one token; a move carries a request's counts to its new slot; a reset zeroes them."""
+    are accepted reaches positions 1..min(a + 1, k) and accepts 1..a; a slot's reached positions and those past k
+    (not drafted) decay by slot_decay, the pooled counts of every position by pooled_decay; a plain-only row
+    (drafting False) only moves its context by one token; a move carries a request's counts to its new slot; a
+    reset zeroes them."""
     settings = AcceptanceSettings()
     k_max, slots = 4, 3
     rng = random.Random(5)
@@ -309,12 +310,15 @@ def test_observed_steps_reach_the_counts_in_order_however_late_they_are_read():
             for r, _ in live:
                 length[r] += 1
             continue
-        pooled = [settings.pooled_decay * p for p in pooled[:k]] + pooled[k:]
+        pooled = [settings.pooled_decay * p for p in pooled]
         for r, a in live:
             for j in range(min(a + 1, k)):
                 tried[r][j] = settings.slot_decay * tried[r][j] + 1.0
                 pooled[j] += 1.0
                 hit[r][j] = settings.slot_decay * hit[r][j] + (1.0 if j < a else 0.0)
+            for j in range(k, k_max):
+                tried[r][j] *= settings.slot_decay
+                hit[r][j] *= settings.slot_decay
             length[r] += a + 1
     for read_every in (1, 7, 1000):  # read after every step, now and then, and only at the end
         model = AcceptanceModel(slots, k_max, settings)
@@ -584,6 +588,35 @@ def test_an_early_rejection_or_short_drafts_do_not_hide_deep_acceptance(seed):
     fixed = [position_tokens(alphas, k) / seconds[k] for k in range(K + 1)]
     learned = simulate(prepared(cost), [alphas], seconds, steps=60, seed=seed)
     assert learned >= 0.85 * max(fixed) and max(fixed) > 2 * fixed[0]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_cheap_short_draft_does_not_lock_out_deeper_positions_it_never_drafts(seed):
+    """One draft costs 1.2 plain steps, two or more about 2.2 (a step-cost table the built-in pair's calibration can
+    give at batch 1), and the request opens hard: its first four whole-block steps accept 0, 1, 0, 2 drafts (the
+    built-in pair's held-out prompts 2 and 3), then every position accepts with probability 0.97. The best fixed
+    length is then the whole block (closed form: about 12.9 tokens for 2.3 plain steps, against 1.97 for 1.2 at
+    one draft). When only positions a step drafted forgot their evidence, one draft per step won after the
+    opening and positions 2-15, never drafted again, kept the opening's rates: about 0.3 of the best rate (tau
+    1.92 on both prompts in benchmarks/results/draft_len_batch1_load.json, where drafting 15 gives 6.0 and 8.5)."""
+    lens = list(range(K + 1))
+    seconds = [1.0, 1.2] + [2.0 + 0.02 * k for k in lens[2:]]  # per step, in plain steps, at any batch and context
+    cost = CostModel((1, 16), lens, (128, 1024), [[seconds, seconds] for _ in range(2)])
+    policy = prepared(cost)
+    for a in (0, 1, 0, 2):  # the opening, as observed
+        policy.observe([0], K, [a])
+    alphas = [0.97] * K
+    rng, tokens, elapsed = random.Random(seed), 0, 0.0
+    for _ in range(100):
+        k = policy.choose(view([0]))
+        n = 0
+        while n < k and rng.random() < alphas[n]:
+            n += 1
+        policy.observe([0], k, [n])
+        tokens, elapsed = tokens + n + 1, elapsed + seconds[k]
+    best = max(position_tokens(alphas, k) / seconds[k] for k in lens)
+    assert best == pytest.approx(position_tokens(alphas, K) / seconds[K])  # the whole block is right here
+    assert tokens / elapsed >= 0.75 * best
 
 
 def test_fixed_and_scheduled_policies():

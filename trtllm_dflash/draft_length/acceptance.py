@@ -4,8 +4,9 @@ Draft position j (1-based) has a conditional acceptance rate alpha_j = P(draft j
 1..j-1 accepted). A verified step with draft length k and a accepted drafts is evidence for
 positions 1..min(a + 1, k): accepted at 1..a, rejected at a + 1 when a < k. Positions past k say
 nothing. Counts are kept per cache slot (the request in it) and pooled over all requests; old
-evidence decays (exponential forgetting), so the estimates follow drift. Acceptance also depends
-on the context length (the built-in pair accepts far less at 1024 tokens than at 100), so pooled
+evidence decays (exponential forgetting) at every drafting step, at positions past k as well, so
+the estimates follow drift, also at positions the chosen draft length no longer drafts. Acceptance
+also depends on the context length (the built-in pair accepts far less at 1024 tokens than at 100), so pooled
 counts are kept per context bucket as well (below 256 tokens, then one per doubling), and a new
 request starts from the rates of its prompt's bucket: without that, every long request after a run
 of short ones drafted on the short ones' rates until its own rejections taught it otherwise.
@@ -77,9 +78,9 @@ class AcceptanceModel:
         # bookkeeping once for several steps, with its code warm after the first (between steps, right after
         # the step's own work, each call runs several times slower: the same one-off measurement)
         self.pending: list[tuple] = []
-        # per row that accepted a = 0..K drafts, [3, K + 1, K]: the factor its own counts decay by (only positions
-        # it reached forget), and its evidence: position j + 1 reached (every earlier draft accepted), accepted.
-        # A step of k drafts reads the first k positions.
+        # per row that accepted a = 0..K drafts, [3, K + 1, K]: the factor its own counts decay by (positions it
+        # reached forget; so do those past the step's k, in `apply`), and its evidence: position j + 1 reached
+        # (every earlier draft accepted), accepted. A step of k drafts reads the first k positions.
         position, a = np.arange(k)[None, :], np.arange(k + 1)[:, None]
         self.by_accepted = np.stack([np.where(position <= a, settings.slot_decay, 1.0), position <= a, position < a])
         # [K + 2, K]: whether draft position j + 1 can still emit a token for a request with r = 0..K + 1 remaining
@@ -150,19 +151,29 @@ class AcceptanceModel:
         table = self.by_accepted[:, a, :k]  # [3, B, k]
         evidence = table[1:]  # [2, B, k]
         total = evidence.sum(1)  # [2, k]
-        pooled = self.pooled_counts[:, :k]  # views, updated in place
-        pooled *= decay
-        pooled += total
+        # Every position forgets at a drafting step, the ones past k too (not drafted: censored by the choice).
+        # Forgetting only what a step reached let a short draft length lock itself in: where one draft cost little
+        # more than a plain step and two or more about twice (a cost table that reproduces that run's taus exactly;
+        # its own, calibrated on the loaded machine, was not kept), a request that opened hard (0, 1, 0, 2 drafts
+        # accepted in its first four steps, then most of the block) drafted one per step for the rest of its
+        # 128 tokens, alpha_1 rising to 0.99 while positions 2 and 3 kept the opening's 0.70 and 0.44: tau 1.92
+        # where drafting 15 gives 6.05 and 8.47 (benchmarks/results/draft_len_batch1_load.json, held-out prompts 2
+        # and 3). Evidence of a position not drafted since fades toward the chain's target, the rate of the
+        # position before it, so the policy drafts deeper again once the positions it drafts say that would pay,
+        # as discounted UCB returns to an arm not played for a while (Garivier & Moulines, ALT 2011).
+        self.pooled_counts *= decay
+        self.pooled_counts[:, :k] += total
         for b in sorted(set(buckets)):  # only the buckets this step saw forget
             same = [i for i, x in enumerate(buckets) if x == b]
-            counts = self.bucket_counts[:, b, :k]
-            counts *= decay
-            counts += total if len(same) == len(buckets) else evidence[:, same].sum(1)
+            self.bucket_counts[:, b] *= decay
+            self.bucket_counts[:, b, :k] += total if len(same) == len(buckets) else evidence[:, same].sum(1)
         counts = self.slot_counts[:, rows, :k]  # [2, B, k]: a view when rows is a slice
         counts *= table[0]
         counts += evidence
         if not isinstance(rows, slice):
             self.slot_counts[:, rows, :k] = counts
+        if k < self.max_draft_len:  # a drafting row's positions past k forget as its reached ones do
+            self.slot_counts[:, rows, k:] *= self.settings.slot_decay
 
     def chain(self, tried: np.ndarray, accepted: np.ndarray, bound: bool) -> np.ndarray:
         """[..., K] decayed counts -> rates: position j's mean shrunk toward position j - 1's (position 1's
