@@ -64,7 +64,8 @@ def slot_rows(slots: list[int]) -> slice | list[int]:
 
 class AcceptanceModel:
     """Counts are stacked [2, ...] (trials, acceptances) so one numpy call updates or reads both: the model runs
-    between steps, where each call's fixed cost dominates arrays this small (a one-off measurement, policy_host_time.py, not kept)."""
+    between steps, where each call's fixed cost dominates arrays this small (a one-off measurement,
+    policy_host_time.py, not kept)."""
 
     def __init__(self, num_slots: int, max_draft_len: int, settings: AcceptanceSettings = AcceptanceSettings()):
         self.settings, self.max_draft_len = settings, max_draft_len
