@@ -9,7 +9,7 @@ warms up, and decodes held-out prompts (64 new tokens, EOS ignored) in four case
 the whole block (draft 15), each at batch 1 (4 prompts one at a time) and batch 8 (8 prompts at once). It reports
 seconds per output token after the first (the decode steps; prefill excluded) and the output ids. The JSON keeps,
 per case, the ratio paged / slot of every round with its median, min and max, and whether the outputs of the two
-trees were identical. Both trees import trtllm_dflash from their own directory (PYTHONPATH) with this venv.
+trees were identical. Both trees import trtllm_dflash from a copy of their own, laid out as installed (plugins/ inside), with this venv.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -58,6 +59,15 @@ def probe(threads: int) -> dict:
     return out
 
 
+def site(tree: Path, out: Path) -> Path:
+    """The tree's package laid out as an install lays it out (plugins/ inside trtllm_dflash/), in root: on
+    PYTHONPATH it is found before this venv's editable install, which maps trtllm_dflash.plugins to this checkout's
+    plugins/ whatever trtllm_dflash is imported from (the baseline then ran today's context-KV op)."""
+    shutil.copytree(tree / "trtllm_dflash", out / "trtllm_dflash", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(tree / "plugins", out / "trtllm_dflash" / "plugins", ignore=shutil.ignore_patterns("__pycache__"))
+    return out
+
+
 def run_probe(tree: Path, threads: int) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "OMP_NUM_THREADS": str(threads)}
     done = subprocess.run([sys.executable, __file__, "--probe", "--threads", str(threads)], env=env, cwd=tree,
@@ -80,7 +90,8 @@ def main() -> int:
         return 0
     base = Path(tempfile.mkdtemp(prefix="paged-vs-slot-")) / "slot"
     subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), args.baseline], check=True)
-    trees = {"paged": ROOT, "slot": base}
+    sites = base.parent / "sites"
+    trees = {"paged": site(ROOT, sites / "paged"), "slot": site(base, sites / "slot")}
     load_before, start = list(os.getloadavg()), time.time()
     rounds = []
     try:
@@ -91,6 +102,7 @@ def main() -> int:
                                               for c in CASES), file=sys.stderr, flush=True)
     finally:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
+        shutil.rmtree(base.parent, ignore_errors=True)
     cases = {}
     for c in CASES:
         ratios = [rd["paged"][c]["s_per_token"] / rd["slot"][c]["s_per_token"] for rd in rounds]
