@@ -9,7 +9,8 @@ warms up, and decodes held-out prompts (64 new tokens, EOS ignored) in four case
 the whole block (draft 15), each at batch 1 (4 prompts one at a time) and batch 8 (8 prompts at once). It reports
 seconds per output token after the first (the decode steps; prefill excluded) and the output ids. The JSON keeps,
 per case, the ratio paged / slot of every round with its median, min and max, and whether the outputs of the two
-trees were identical. Both trees import trtllm_dflash from a copy of their own, laid out as installed (plugins/ inside), with this venv.
+trees were identical. Both trees import trtllm_dflash from a copy of their own, laid out as installed (plugins/
+inside), with this venv.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def probe(threads: int) -> dict:
 
 
 def site(tree: Path, out: Path) -> Path:
-    """The tree's package laid out as an install lays it out (plugins/ inside trtllm_dflash/), in root: on
+    """The tree's package laid out as an install lays it out (plugins/ inside trtllm_dflash/), in `out`: on
     PYTHONPATH it is found before this venv's editable install, which maps trtllm_dflash.plugins to this checkout's
     plugins/ whatever trtllm_dflash is imported from (the baseline then ran today's context-KV op)."""
     shutil.copytree(tree / "trtllm_dflash", out / "trtllm_dflash", ignore=shutil.ignore_patterns("__pycache__"))

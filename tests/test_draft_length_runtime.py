@@ -10,7 +10,7 @@ from trtllm_dflash.draft_length.calibrate import (PLAIN_LEAD_STEPS, CalibrationC
                                                   calibration_key, calibrator, measure)
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen
 from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.kv_cache import blocks_for
+from trtllm_dflash.paging import default_blocks
 from trtllm_dflash.pairs import stdlib_pair
 from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.request import Request
@@ -111,7 +111,7 @@ class FakeGenerator:
         self.device, self.target = torch.device("cpu"), type("T", (), {"tp": type("P", (), {"world": 1})})()
         self.calls, self.step_mode = [], step_mode
         # the default pool: every slot at `capacity` (Generator.allocate), so it bounds nothing here
-        self.pool = type("Pool", (), {"num_blocks": slots * blocks_for(capacity + 1)})()
+        self.pool = type("Pool", (), {"num_blocks": default_blocks(slots, capacity)})()
 
     def admit(self, requests, drafting=None):
         assert drafting is True  # every cell drafts its k, whatever a policy would say of newcomers

@@ -77,11 +77,7 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
         proposer = DFlashProposer(drafter, target)
         proposer.max_block_size = manifest.block_size  # the engine's block size is the limit
         pipeline = Pipeline(Generator(target, proposer, stops), loaded_target, LoadedDrafter(drafter, d_cfg, d_dir))
-    pipeline.generator.set_step_mode(mode)
-    if max_batch == 1 and mode.compiled:  # one request prefills once: tracing that graph cost more than it could
-        # save (1.9 s of a 15.5 s warm `dflash-generate --engine` of the built-in pair on the 2-core CPU, where the
-        # whole prefill of a short prompt takes milliseconds eagerly); the steps, which run many times, stay compiled
-        pipeline.generator.prefill_pass = pipeline.generator.target
+    pipeline.generator.set_step_mode(mode, prefills_once=max_batch == 1)
     weights_s = time.perf_counter() - start
     stored = False
     if mode.compiled and stored_graphs:

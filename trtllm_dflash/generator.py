@@ -139,11 +139,15 @@ class Generator:
         self.prefill_pass = target  # the target's prefill: the module, or compiled (no CUDA graphs)
         self.shape_calls: Counter = Counter()  # padded steps since the allocation per (rows, width, key span)
 
-    def set_step_mode(self, mode: StepMode) -> None:
-        """How steps run the target's and the proposer's passes (step_mode.py); call before `allocate`."""
+    def set_step_mode(self, mode: StepMode, prefills_once: bool = False) -> None:
+        """How steps run the target's and the proposer's passes (step_mode.py); call before `allocate`.
+        prefills_once: this generator will prefill one request and no more (`dflash-generate`): its prefill runs
+        eagerly, since tracing a graph it runs once cost more than it could save (1.9 s of a 15.5 s warm
+        `dflash-generate --engine` of the built-in pair on the 2-core CPU); the steps, which run many times, are
+        compiled as `mode` says."""
         self.step_mode = mode
         self.verify_pass = mode.compile(self.target)
-        self.prefill_pass = mode.compile_prefill(self.target)
+        self.prefill_pass = self.target if prefills_once else mode.compile_prefill(self.target)
         self.proposer.set_step_mode(mode)
 
     @torch.inference_mode()

@@ -3,11 +3,12 @@
 Full-attention K/V live in a pool of fixed-size blocks of BLOCK positions shared by every request; a block table
 maps each row's (slot's) logical block i = position // BLOCK to a pool block. Layers declare a `LayerCacheSpec`:
 - "full": paged. Every full layer shares one pool per K and V, [L_full, N + 1, BLOCK, H_kv, D]: position-major
-  inside a block, the paged layout of FlashAttention's and vLLM's kernels ([num_blocks, block_size, H_kv, D]), so
-  a row's gathered blocks are its keys [nb * BLOCK, H_kv, D] as a view, with no second copy. Pool block N is the null block: every table entry no request owns points at it, so padded writes
-  (free rows of a padded step, a prompt's right padding past its blocks) land there harmlessly and reads of it are
-  never visible (keys past a row's queries are masked). Rolling back to an accepted length is just a smaller
-  length: entries past it are never visible (see models/attention.py) and are rewritten before they are read.
+  inside a block, the paged layout of FlashAttention's and vLLM's kernels ([num_blocks, block_size, H_kv, D]), so a
+  row's gathered blocks are its keys [nb * BLOCK, H_kv, D] as a view, with no second copy. Pool block N is the null
+  block: every table entry no request owns points at it, so padded writes (free rows of a padded step, a prompt's
+  right padding past its blocks) land there harmlessly and reads of it are never visible (keys past a row's queries
+  are masked). Rolling back to an accepted length is just a smaller length: entries past it are never visible (see
+  models/attention.py) and are rewritten before they are read.
 - "window": a ring per row of R = window + max_step_tokens - 1 entries, index = position % R, so memory is
   bounded by the window and the rows, not the context. R keeps every key a later query can see even when a whole
   verified block is rejected (a rejected entry can only shadow a position at least window + 1 behind every later

@@ -5,8 +5,8 @@ reference-counted: a full block of a finished (or preempted) request is kept in 
 tokens and every token before it, and a later request whose prompt starts with those tokens takes it instead of
 prefilling them. A block holds the target's K/V and, when its request kept one, the drafter's context for the same
 positions; a block without that context (a plain-only request's) serves only requests that need none (plain-only
-ones), and a drafting request's copy of the same tokens replaces it in the cache. Free blocks wait in least-recently-used order;
-allocation takes uncached ones first, then evicts the least recently used cached one (vLLM's
+ones), and a drafting request's copy of the same tokens replaces it in the cache. Free blocks wait in
+least-recently-used order; allocation takes uncached ones first, then evicts the least recently used cached one (vLLM's
 `BlockPool`/`FreeKVCacheBlockQueue`, vllm/v1/core/block_pool.py at v0.8; TensorRT-LLM's `KVCacheManager` block
 reuse).
 """
