@@ -44,6 +44,11 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from serve_dflash_vs_plain import serve  # noqa: E402  (a sibling script, not a package)
+
+from trtllm_dflash.bench.metrics import percentile  # noqa: E402
+
 QWEN3_8B = {"model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096,
             "intermediate_size": 12288, "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8,
             "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
@@ -138,20 +143,8 @@ def engine_and_texts(root: Path, count: int, tokens: int):
 
 
 def start(engine: Path, root: Path, name: str, threads: int, **settings):
-    from trtllm_dflash.engine import free_port
-    from trtllm_dflash.serve.locate import find_tritonserver
-    from trtllm_dflash.serve.repository import ServeSettings, write_repository
-    from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
-
-    repo = root / f"repo-{name}"
-    write_repository(engine, repo, ServeSettings("m", threads=threads, **settings))
-    ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
-    proc = start_server(find_tritonserver(root / "triton"), repo, ends, open(root / f"server-{name}.log", "a"))
-    try:
-        wait_ready(proc, timeout=900)
-    except BaseException:
-        stop_server(proc)
-        raise
+    """A DFlash server (`--draft-len auto`) with these `ServeSettings`, ready and past its first request."""
+    proc, ends = serve(engine, root, "dflash", "auto", threads, name=name, **settings)
     stream(ends, "def main():", 4)  # first request: loads nothing later
     return proc, ends
 
@@ -177,17 +170,12 @@ def closed_loop(ends, texts: list[str], concurrency: int, max_tokens: int) -> li
     return [replies[i] for i in range(len(texts))]
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def prefix_repeat(ends, system: str, questions: list[str], concurrency: int) -> dict:
     start = time.perf_counter()
     replies = closed_loop(ends, [system + q for q in questions], concurrency, 32)
     wall = time.perf_counter() - start
     ttft = [r["chunks"][0] - r["sent"] for r in replies]
-    return {"ttft_ms_median": 1e3 * statistics.median(ttft), "ttft_ms_p90": 1e3 * percentile(ttft, 0.9),
+    return {"ttft_ms_median": 1e3 * statistics.median(ttft), "ttft_ms_p90": 1e3 * percentile(ttft, 90),
             "ttft_ms_first": 1e3 * ttft[0], "seconds": wall, "texts": [r["text"] for r in replies]}
 
 
@@ -209,7 +197,7 @@ def chunking_repeat(ends, shorts: list[str], long_text: str) -> dict:
         t.join()
     gaps = [b - a for r in results for a, b in zip(r["chunks"], r["chunks"][1:]) if b > arrival]
     return {"streams_started_before_long_prompt": sum(r["chunks"][0] < arrival for r in results),
-            "gap_ms_median": 1e3 * statistics.median(gaps), "gap_ms_p99": 1e3 * percentile(gaps, 0.99),
+            "gap_ms_median": 1e3 * statistics.median(gaps), "gap_ms_p99": 1e3 * percentile(gaps, 99),
             "gap_ms_max": 1e3 * max(gaps), "long_prompt_ttft_ms": 1e3 * (long_reply["chunks"][0] - long_reply["sent"])}
 
 

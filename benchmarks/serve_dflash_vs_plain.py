@@ -136,10 +136,11 @@ def served_engine(root: Path, max_batch: int, made_by: str):
 
 
 def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int, name: str | None = None,
-          package: Path | None = None):
+          package: Path | None = None, **settings):
     """A tritonserver serving `engine` as model "m", ready; -> (process, endpoints). name: its repository and log
     under root (default: decoding); package: a directory put first on the model file's sys.path, to serve that
-    copy of trtllm_dflash (the Python backend stub's interpreter ignores PYTHONPATH)."""
+    copy of trtllm_dflash (the Python backend stub's interpreter ignores PYTHONPATH); settings: further
+    `ServeSettings` fields (prefix_caching, max_num_tokens, ...)."""
     from trtllm_dflash.engine import free_port
     from trtllm_dflash.serve.locate import find_tritonserver
     from trtllm_dflash.serve.repository import ServeSettings, write_repository
@@ -148,7 +149,7 @@ def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int,
     name = name or decoding
     repo = root / f"repo-{name}"
     write_repository(engine, repo, ServeSettings("m", decoding=decoding, draft_len=draft_len if decoding == "dflash"
-                                                 else "auto", threads=threads))
+                                                 else "auto", threads=threads, **settings))
     if package is not None:
         model_py = repo / "m" / "1" / "model.py"
         model_py.write_text(f"import sys\nsys.path.insert(0, {str(package)!r})\n" + model_py.read_text())
