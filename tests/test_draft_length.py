@@ -226,6 +226,20 @@ def test_positions_past_the_draft_length_learn_nothing():
     assert before.shape == (K - 3,)
 
 
+def test_ageing_by_a_plain_run_forgets_as_that_many_drafting_steps_of_nothing_would():
+    """`age(slots, n)`: the slots' own counts as if n drafting steps had passed with no evidence (slot_decay^n per
+    position), the pooled and the context buckets' as n drafting steps would make them (pooled_decay^n), other slots
+    untouched; counted here by hand from the fed steps, not read back from the model before ageing."""
+    s = AcceptanceSettings()
+    model = AcceptanceModel(2, K)
+    model.observe([0, 1], K, [2, 0])  # slot 0 reaches positions 1-3 (accepts 1, 2), slot 1 position 1 (rejects)
+    model.age([0], 5)
+    assert model.tried[0, :4] == pytest.approx([s.slot_decay ** 5] * 3 + [0])
+    assert model.accepted[0, :3] == pytest.approx([s.slot_decay ** 5] * 2 + [0])
+    assert model.tried[1, :2] == pytest.approx([1, 0]) and model.accepted[1, 0] == 0  # not aged
+    assert model.pooled_tried[:4] == pytest.approx([2 * s.pooled_decay ** 5, s.pooled_decay ** 5, s.pooled_decay ** 5, 0])
+    assert model.bucket_tried[0, 0] == pytest.approx(2 * s.pooled_decay ** 5)
+
 def test_shrunk_rates_follow_the_position_by_position_recurrence():
     """The chain's closed form against the definition, one position after another in Python floats: mean_j =
     (accepted_j + w * mean_(j-1)) / (tried_j + w), mean_0 = prior; counts from nothing to thousands of trials."""
