@@ -237,8 +237,9 @@ def test_ageing_by_a_plain_run_forgets_as_that_many_drafting_steps_of_nothing_wo
     assert model.tried[0, :4] == pytest.approx([s.slot_decay ** 5] * 3 + [0])
     assert model.accepted[0, :3] == pytest.approx([s.slot_decay ** 5] * 2 + [0])
     assert model.tried[1, :2] == pytest.approx([1, 0]) and model.accepted[1, 0] == 0  # not aged
-    assert model.pooled_tried[:4] == pytest.approx([2 * s.pooled_decay ** 5, s.pooled_decay ** 5, s.pooled_decay ** 5, 0])
-    assert model.bucket_tried[0, 0] == pytest.approx(2 * s.pooled_decay ** 5)
+    pooled = s.pooled_decay ** 5
+    assert model.pooled_tried[:4] == pytest.approx([2 * pooled, pooled, pooled, 0])
+    assert model.bucket_tried[0, 0] == pytest.approx(2 * pooled)
 
 def test_shrunk_rates_follow_the_position_by_position_recurrence():
     """The chain's closed form against the definition, one position after another in Python floats: mean_j =

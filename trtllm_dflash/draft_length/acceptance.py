@@ -130,7 +130,7 @@ class AcceptanceModel:
         the arms not played included (Garivier & Moulines, ALT 2011); a plain step is a round where no drafting
         arm was played. Without it, evidence ages only while a request drafts, so a request that opened hard and
         then decodes plainly keeps its opening's rejections at full weight however long ago they were. The policy
-        calls it only where a small batch's probe contradicts that evidence (`CostBasedDraftLen.observe`)."""
+        calls it only where a small batch's probe contradicts that evidence (`CostBasedDraftLen.probed`)."""
         self.folded()
         self.slot_counts[:, slots] *= self.settings.slot_decay ** steps
         pooled = self.settings.pooled_decay ** steps

@@ -142,16 +142,17 @@ OWN_PROBES = 1.5
 # In a batch of at most ProbeSettings.newcomer_batch requests, a request keeps the drafter's context until this many
 # of the policy's back-off probes (newcomers' probes not counted) accepted none of its drafts since its admission
 # and since its batch last chose to draft (`CostBasedDraftLen.keeps_context`). Dropping the context is for good (it
-# cannot be rebuilt without recomputing the target), while keeping it in a small batch costs little: the target's
-# features captured at each plain step (about 3 % of a plain step at 16 rows on this project's CPU, `another_probe`;
-# not measured at 1) and the probes themselves, exponentially fewer. Before, one probe after the opening decided:
-# any probe that did not make drafting win at once (its single draft is a coin flip for the built-in drafter, and
-# the opening's rejections outweighed even an accepted probe) dropped the context about 20 steps into a request, for
-# good: held-out prompt 7 decoded at tau 1.02 where drafting 15 gives 3.63 (benchmarks/results/
-# draft_len_batch1_threads1.json at c1cf496). Two empty probes come 16 + 32 plain steps after the last drafting
-# choice (the back-off doubles), so a request that never pays drops the context about 50 steps in, and one whose
-# first draft is a coin flip is dropped wrongly 1 time in 4 (not 1 in 2); a third would come 64 steps later, past
-# the end of most 128-token requests, where dropping saves nothing.
+# cannot be rebuilt without recomputing the target), while keeping it in a small batch costs little: every step
+# plain at 1024 tokens, a request keeping it decoded in 1.00x plain decoding's time at batch 1 and 1.01x at batch 4
+# against 1.00x and 0.99x plain-only (medians of 15, benchmarks/results/plain_only_admission.json; the context's
+# writes are deferred to the next drafting step), plus the probes themselves, exponentially fewer. Before, one probe
+# after the opening decided: any probe that did not make drafting win at once (its single draft is a coin flip for
+# the built-in drafter, and the opening's rejections outweighed even an accepted probe) dropped the context about 20
+# steps into a request, for good: held-out prompt 7 decoded at tau 1.02 where drafting 15 gives 3.63
+# (benchmarks/results/draft_len_batch1_threads1.json at c1cf496). Two empty probes come 16 + 32 plain steps after
+# the last drafting choice (the back-off doubles), so a request that never pays drops the context about 50 steps in,
+# and one whose first draft is a coin flip is dropped wrongly 1 time in 4 (not 1 in 2); a third would come 64 steps
+# later, past the end of most 128-token requests, where dropping saves nothing.
 SMALL_BATCH_FAILED_PROBES = 2
 # A small batch's probe that accepted drafts the evidence gave less than this chance of (the product of the
 # request's mean rates at the accepted positions) ages that evidence by the plain run before it counts
