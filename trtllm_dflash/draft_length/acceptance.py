@@ -130,12 +130,12 @@ class AcceptanceModel:
         the arms not played included (Garivier & Moulines, ALT 2011); a plain step is a round where no drafting
         arm was played. Without it, evidence ages only while a request drafts, so a request that opened hard and
         then decodes plainly keeps its opening's rejections at full weight however long ago they were. The policy
-        calls it only where a small batch's probe contradicts that evidence (`CostBasedDraftLen.probed`)."""
+        calls it only where a lone request's probe contradicts that evidence (`CostBasedDraftLen.probed`)."""
         self.folded()
         self.slot_counts[:, slots] *= self.settings.slot_decay ** steps
-        pooled = self.settings.pooled_decay ** steps
-        self.pooled_counts *= pooled
-        self.bucket_counts *= pooled
+        factor = self.settings.pooled_decay ** steps
+        self.pooled_counts *= factor
+        self.bucket_counts *= factor
         self.bucket_cache.clear()
         self.version += 1
 

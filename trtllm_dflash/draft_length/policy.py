@@ -154,15 +154,17 @@ OWN_PROBES = 1.5
 # and one whose first draft is a coin flip is dropped wrongly 1 time in 4 (not 1 in 2); a third would come 64 steps
 # later, past the end of most 128-token requests, where dropping saves nothing.
 SMALL_BATCH_FAILED_PROBES = 2
-# A small batch's probe that accepted drafts the evidence gave less than this chance of (the product of the
-# request's mean rates at the accepted positions) ages that evidence by the plain run before it counts
-# (`AcceptanceModel.age`): it says the request changed since. At 0.2 the hard long requests of
-# tests/test_draft_length.py (alpha_1 0.3) aged at their lucky probes and explored: 0.961-0.964 of plain's rate
-# over three seeds against 0.964-0.972 without aging; at 0.1, 0.967-0.972, the same as without. The built-in
-# pair's held-out prompts 1 and 7, replayed greedy at batch 1 on a step-cost table where any draft costs 2-2.45
-# plain steps, still age at their first probe (4 of 4 and 2 of 3 drafts accepted after an opening of 0-2): tau 3.85
-# and 2.95, against 3.74 and 1.84 without aging and 1.02 on prompt 7 before either change (a one-off replay with
-# the step-cost table fixed and the live cost correction off, not kept).
+# A probe of a request decoding alone that accepted drafts its evidence gave less than this chance of (the product
+# of its mean rates at the accepted positions) ages that evidence by the plain run before it counts
+# (`AcceptanceModel.age`): it says the request changed since. Alone only: in a greedy replay of 16 held-out prompts
+# in waves of 4 on a calibrated step-cost table, ageing at batches of 2-4 as well cost 2 % of the modelled rate
+# (521.5 against 532.6 before either change, 533.5 ageing lone requests only: a probe's ageing made the whole batch
+# explore). At 0.2 the hard long requests of tests/test_draft_length.py (alpha_1 0.3) aged at their lucky probes and
+# explored: 0.961-0.964 of plain's rate over three seeds against 0.964-0.972 without aging; at 0.1, 0.967-0.972, the
+# same as without. The built-in pair's held-out prompts 1 and 7, replayed greedy at batch 1 on a step-cost table
+# where any draft costs 2-2.45 plain steps, still age at their first probe (4 of 4 and 2 of 3 drafts accepted after
+# an opening of 0-2): tau 3.85 and 2.95, against 3.74 and 1.84 without aging and 1.02 on prompt 7 before either
+# change (a one-off replay with the step-cost table fixed and the live cost correction off, not kept).
 SURPRISE = 0.1
 # In a batch larger than ProbeSettings.newcomer_batch, a drafting step is chosen over a plain one only when its
 # expected output tokens/s is at least this many times the plain step's. The models miss part of what a served
@@ -389,7 +391,7 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def probed(self, slots: list[int], accepted: list[int], drafting: list[bool] | None, plain_run: int) -> None:
         """A back-off probe after `plain_run` plain steps ran: its rows that accepted none of their drafts failed it
-        (SMALL_BATCH_FAILED_PROBES); in a small batch, the evidence of rows whose acceptance it made unlikely ages by
+        (SMALL_BATCH_FAILED_PROBES); for a request decoding alone, evidence that made its acceptance unlikely ages by
         the plain run before the probe's own evidence counts (SURPRISE)."""
         rows = [i for i in range(len(slots)) if drafting is None or drafting[i]]
         failed = [slots[i] for i in rows if accepted[i] == 0]
@@ -397,7 +399,7 @@ class CostBasedDraftLen(DraftLenPolicy):
             self.failed[failed] += 1
             self.failed_any, self.failures = True, self.failures + 1
         rows = [i for i in rows if accepted[i] > 0]
-        if rows and len(slots) <= self.probe.newcomer_batch:
+        if rows and len(slots) == 1:  # alone (see SURPRISE)
             rates = self.acceptance.rates([slots[i] for i in rows])  # [R, K] mean rates of the evidence so far
             aged = [slots[i] for i, r in zip(rows, rates) if float(np.prod(r[: accepted[i]])) < SURPRISE]
             if aged:
