@@ -123,6 +123,22 @@ class AcceptanceModel:
         self.lengths[dst] = self.lengths[src]
         self.version += 1
 
+    def age(self, slots: list[int], steps: int) -> None:
+        """`steps` plain steps passed since these slots' requests last drafted: their own evidence forgets as `steps`
+        drafting steps of theirs would (slot_decay each), the pooled and the context buckets' as `steps` drafting
+        steps would (pooled_decay each), every position alike. Discounted UCB discounts every arm at every round,
+        the arms not played included (Garivier & Moulines, ALT 2011); a plain step is a round where no drafting
+        arm was played. Without it, evidence ages only while a request drafts, so a request that opened hard and
+        then decodes plainly keeps its opening's rejections at full weight however long ago they were. The policy
+        calls it only where a lone request's probe contradicts that evidence (`CostBasedDraftLen.probed`)."""
+        self.folded()
+        self.slot_counts[:, slots] *= self.settings.slot_decay ** steps
+        factor = self.settings.pooled_decay ** steps
+        self.pooled_counts *= factor
+        self.bucket_counts *= factor
+        self.bucket_cache.clear()
+        self.version += 1
+
     def observe(self, slots: list[int], draft_len: int, accepted: list[int], drafting: list[bool] | None = None) -> None:
         """One verified step: `draft_len` drafts per row, accepted[i] of them accepted by row slots[i]; drafting:
         which rows drafted (None: all), the others ran a plain step's token beside them (no evidence). A plain
