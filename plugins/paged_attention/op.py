@@ -1,0 +1,40 @@
+"""`torch.ops.trtllm_dflash.paged_attention`: the Triton kernel on CUDA, the PyTorch reference elsewhere.
+
+A custom op (opaque to torch.compile, which calls it with the shapes it traced: no host sync inside), so a
+compiled or CUDA-graph step launches the kernel with the step's static tensors (pool, table, rows, positions).
+kv_len is the step's key span, a size (symbolic under compile; fixed per CUDA graph, whose span is bucketed).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .reference import paged_attention_reference
+
+
+def supported(head_dim: int) -> bool:
+    """Shapes the Triton kernel handles (head_dim a power of two, 16..256); the op falls back to the reference."""
+    return 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+
+
+@torch.library.custom_op("trtllm_dflash::paged_attention", mutates_args=())
+def paged_attention(q: Tensor, k_pool: Tensor, v_pool: Tensor, table: Tensor, rows: Tensor, positions: Tensor,
+                    kv_len: int, causal: bool, scale: float, sinks: Tensor | None = None) -> Tensor:
+    """q [B, T, H, D]; k_pool, v_pool [N + 1, BLOCK, H_kv, D]; table [S, M] int32; rows [B] long; positions
+    [B, T] long -> [B, T, H, D]: row b's queries over its keys 0..L read through table[rows[b]] (see reference.py)."""
+    return paged_attention_reference(q, k_pool, v_pool, table, rows, positions, kv_len, causal, scale, sinks)
+
+
+@paged_attention.register_kernel("cuda")
+def _paged_attention_cuda(q, k_pool, v_pool, table, rows, positions, kv_len, causal, scale, sinks=None) -> Tensor:
+    if not supported(q.shape[-1]):
+        return paged_attention_reference(q, k_pool, v_pool, table, rows, positions, kv_len, causal, scale, sinks)
+    from .triton_kernel import paged_attention_triton  # triton is imported only where CUDA runs
+
+    return paged_attention_triton(q, k_pool, v_pool, table, rows, positions, kv_len, causal, scale, sinks)
+
+
+@paged_attention.register_fake
+def _paged_attention_fake(q, k_pool, v_pool, table, rows, positions, kv_len, causal, scale, sinks=None) -> Tensor:
+    return torch.empty_like(q)

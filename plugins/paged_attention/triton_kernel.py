@@ -1,0 +1,107 @@
+"""Paged decode attention in Triton: FlashAttention's online softmax over a row's key blocks, read in place.
+
+One program per (batch row, KV head) holds every query of the row for every query head of that KV head's group,
+M = T x group rows (T <= 16 queries: a plain step's 1, a verify's or a drafting block's up to 16), and walks the
+row's blocks 0..nb-1 through its table row: block i of row r is pool block table[r, i], keys at positions
+i * BLOCK .. i * BLOCK + BLOCK - 1, stored [BLOCK, H_kv, D] (position-major, FlashAttention's and vLLM's paged
+layout). nb covers the row's last visible key only (bounded by the table's width), so a short row reads few
+blocks whatever the batch's longest. Scores and the running max / sum / output are fp32; P is cast to V's dtype
+for its product (as FlashAttention does); fp32 inputs use IEEE products, not TF32. Keys a query does not see are
+masked out of the scores, and V rows no query of the row sees are zeroed before the product, so whatever the pool
+holds there (the null block, another request's stale keys, NaN) never reaches the output.
+Not split along the keys (flash-decoding's split-KV): at batch 1 a long context runs on only H_kv programs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+# The CPU interpreter (TRITON_INTERPRET=1, used by the tests) mis-computes tl.dot on bf16 inputs (see
+# context_kv/triton_kernel.py), so there operands are upcast first.
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, sinks_ptr, out_ptr,
+                            kv_len, table_width, scale,
+                            s_qb, s_qt, s_qh,  # q and out strides: row, query, head (D is unit)
+                            s_ob, s_ot, s_oh,
+                            s_kn, s_kp, s_kh,  # pool strides: block, position in block, KV head (D is unit)
+                            s_tr, s_pb,  # table row, positions row
+                            T: tl.constexpr, GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+                            BLOCK: tl.constexpr, CAUSAL: tl.constexpr, HAS_SINKS: tl.constexpr,
+                            UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    m = tl.arange(0, M)  # query t = m // GROUP of head kvh * GROUP + m % GROUP
+    t = m // GROUP
+    live = t < T
+    head = kvh * GROUP + m % GROUP
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * s_qb + t[:, None] * s_qt + head[:, None] * s_qh + d[None, :], mask=live[:, None],
+                other=0.0)
+    if CAUSAL:
+        limit = tl.load(pos_ptr + b * s_pb + t, mask=live, other=-1)
+    else:  # block: every query sees up to the row's last query position
+        limit = tl.where(live, tl.load(pos_ptr + b * s_pb + T - 1), -1)
+    limit = tl.minimum(limit, kv_len - 1)
+    top = tl.max(limit, axis=0)  # the row's last key any query sees
+    nb = tl.where(top >= 0, tl.minimum(top // BLOCK + 1, table_width), 0)
+    row = tl.load(rows_ptr + b).to(tl.int64)
+    p = tl.arange(0, BLOCK)
+    run_max = tl.full((M,), float("-inf"), dtype=tl.float32)
+    run_sum = tl.zeros((M,), dtype=tl.float32)
+    acc = tl.zeros((M, D), dtype=tl.float32)
+    if UPCAST:
+        q = q.to(tl.float32)
+    for i in range(0, nb):
+        # int64: block * s_kn passes 2^31 elements in a large pool
+        block = tl.load(table_ptr + row * s_tr + i).to(tl.int64)
+        base = block * s_kn + kvh * s_kh + p[:, None] * s_kp + d[None, :]
+        k = tl.load(k_ptr + base)  # [BLOCK, D]
+        v = tl.load(v_ptr + base)
+        key = i * BLOCK + p
+        v = tl.where((key <= top)[:, None], v, 0.0)
+        if UPCAST:
+            k, v = k.to(tl.float32), v.to(tl.float32)
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, BLOCK] fp32
+        s = tl.where(key[None, :] <= limit[:, None], s, float("-inf"))
+        new_max = tl.maximum(run_max, tl.max(s, axis=1))
+        safe = tl.where(new_max == float("-inf"), 0.0, new_max)  # a query with no key yet: exp(-inf) = 0
+        alpha = tl.exp(run_max - safe)
+        prob = tl.exp(s - safe[:, None])
+        run_sum = run_sum * alpha + tl.sum(prob, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(prob.to(v.dtype), v, input_precision=PRECISION)
+        run_max = new_max
+    if HAS_SINKS:  # softmax over [scores, sink] with the sink's column dropped: the sink only adds mass
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        big = tl.maximum(run_max, sink)
+        shrink = tl.exp(run_max - big)
+        run_sum = run_sum * shrink + tl.exp(sink - big)
+        acc = acc * shrink[:, None]
+    out = acc / tl.where(run_sum > 0, run_sum, 1.0)[:, None]  # no visible key: zeros
+    tl.store(out_ptr + b * s_ob + t[:, None] * s_ot + head[:, None] * s_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=live[:, None])
+
+
+def paged_attention_triton(q, k_pool, v_pool, table, rows, positions, kv_len: int, causal: bool, scale: float,
+                           sinks=None) -> torch.Tensor:
+    """Same contract as `reference.paged_attention_reference`."""
+    b, t, h, d = q.shape
+    h_kv, block = k_pool.shape[2], k_pool.shape[1]
+    assert k_pool.stride(-1) == 1 and v_pool.stride() == k_pool.stride() and h % h_kv == 0
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    positions = positions.contiguous()
+    out = torch.empty_like(q)
+    group = h // h_kv
+    _paged_attention_kernel[(b, h_kv)](
+        q, k_pool, v_pool, table, rows.contiguous(), positions, sinks if sinks is not None else q, out,
+        kv_len, table.shape[1], scale, *q.stride()[:3], *out.stride()[:3], *k_pool.stride()[:3], table.stride(0),
+        positions.stride(0), T=t, GROUP=group, M=max(16, triton.next_power_of_2(t * group)), D=d, BLOCK=block,
+        CAUSAL=causal, HAS_SINKS=sinks is not None, UPCAST=INTERPRETED,
+        PRECISION="ieee" if INTERPRETED or q.dtype == torch.float32 else "tf32")
+    return out
