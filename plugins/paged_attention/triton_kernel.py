@@ -65,7 +65,7 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, s
         k = tl.load(k_ptr + base)  # [BLOCK, D]
         v = tl.load(v_ptr + base)
         key = i * BLOCK + p
-        v = tl.where((key <= top)[:, None], v, 0.0)
+        v = tl.where((key <= top)[:, None], v, 0.0).to(v_ptr.dtype.element_ty)
         if UPCAST:
             k, v = k.to(tl.float32), v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, BLOCK] fp32

@@ -1,0 +1,55 @@
+"""Attention wired to the paged kernel (op.MODE "triton": the Triton kernel under the CPU interpreter) against a
+float64 loop over each row's true history."""
+
+import pytest
+import torch
+from test_paged_attention_kernel import oracle
+
+from trtllm_dflash.kv_cache import KVCache, LayerCacheSpec
+from trtllm_dflash.models.attention import AttentionSpec, ForwardContext
+from trtllm_dflash.plugins.paged_attention import op, triton_kernel
+
+H, HKV, D = 4, 2, 16
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Force the Triton path (the op runs the kernel on the CPU) and count the kernel's calls."""
+    calls = []
+    run = triton_kernel.paged_attention_triton
+    monkeypatch.setattr(op, "MODE", "triton")
+    monkeypatch.setattr(triton_kernel, "paged_attention_triton", lambda *a: calls.append(1) or run(*a))
+    return calls
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("causal", [True, False])
+def test_cached_attend_reads_the_pool_through_the_table(kernel_calls, causal, compiled):
+    """Prefill three slots (ragged), then one verify-sized pass over slots [2, 0] (gathered rows); compiled: the
+    pass through torch.compile(fullgraph=True) (aot_eager: dynamo and the op's fake kernel, no C++ build)."""
+    g = torch.Generator().manual_seed(3)
+    spec = AttentionSpec(H, HKV, D, causal=causal)
+    cache = KVCache([LayerCacheSpec()], 3, HKV, 64, D, torch.float32, "cpu")
+    lengths = [21, 9, 40]
+    q, k, v = (torch.randn(3, 40, n, D, generator=g) for n in (H, HKV, HKV))
+    ForwardContext.prefill(torch.arange(40).expand(3, -1), cache, torch.arange(3), torch.tensor(lengths)).attend(
+        0, spec, q, k, v)
+    slots, t = torch.tensor([2, 0]), 5
+    positions = torch.tensor([lengths[2], lengths[0]])[:, None] + torch.arange(t)
+    q2, k2, v2 = (torch.randn(2, t, n, D, generator=g) for n in (H, HKV, HKV))
+    def step(positions, q, k, v):
+        return ForwardContext.cached(positions, cache, 45, slots).attend(0, spec, q, k, v)
+
+    run = torch.compile(step, fullgraph=True, backend="aot_eager") if compiled else step
+    out = run(positions, q2, k2, v2)
+    assert kernel_calls
+    keys = [torch.cat([k[s, : lengths[s]], k2[i]]).double() for i, s in enumerate(slots.tolist())]
+    values = [torch.cat([v[s, : lengths[s]], v2[i]]).double() for i, s in enumerate(slots.tolist())]
+    torch.testing.assert_close(out.double(), oracle(q2, keys, values, positions, causal, D ** -0.5, None),
+                               atol=2e-5, rtol=1e-4)
+
+
+def test_bad_setting_is_named(monkeypatch):
+    monkeypatch.setattr(op, "MODE", "fast")
+    with pytest.raises(ValueError, match="TRTLLM_DFLASH_PAGED_ATTENTION must be one of auto, triton, off, got 'fast'"):
+        op.use_op(torch.zeros(1, 1, H, D), False)
