@@ -1,13 +1,19 @@
 """Attention wired to the paged kernel (op.MODE "triton": the Triton kernel under the CPU interpreter) against a
-float64 loop over each row's true history."""
+float64 loop over each row's true history; the built-in pair's greedy output with it against transformers'."""
 
 import pytest
 import torch
+from oracle import hf_greedy
 from test_paged_attention_kernel import oracle
 
+from trtllm_dflash.builtin import held_out_prompts
+from trtllm_dflash.generator import Generator
 from trtllm_dflash.kv_cache import KVCache, LayerCacheSpec
 from trtllm_dflash.models.attention import AttentionSpec, ForwardContext
+from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.plugins.paged_attention import op, triton_kernel
+from trtllm_dflash.request import Request
+from trtllm_dflash.speculative import DFlashProposer
 
 H, HKV, D = 4, 2, 16
 
@@ -53,3 +59,18 @@ def test_bad_setting_is_named(monkeypatch):
     monkeypatch.setattr(op, "MODE", "fast")
     with pytest.raises(ValueError, match="TRTLLM_DFLASH_PAGED_ATTENTION must be one of auto, triton, off, got 'fast'"):
         op.use_op(torch.zeros(1, 1, H, D), False)
+
+
+def test_dflash_generation_with_the_kernel_matches_transformers(builtin, kernel_calls):
+    """The built-in pair (head_dim 16) drafting and verifying through the Triton kernel: transformers' greedy
+    output. Small on purpose: the interpreter runs every kernel call in Python."""
+    pipe = load_pipeline(*builtin)
+    requests = [Request(tuple(p[: 6 + 5 * i]), 12, ignore_eos=True) for i, p in enumerate(held_out_prompts(2))]
+    results = Generator(pipe.target.model, DFlashProposer(pipe.drafter.model, pipe.target.model)).generate(requests)
+    assert kernel_calls and max(max(r.acceptance_lengths) for r in results) > 1
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(str(builtin[0]), dtype=torch.float32).eval()
+    for result, request in zip(results, requests):
+        assert result.output_ids == hf_greedy(hf, list(request.prompt_ids), 12)
+
