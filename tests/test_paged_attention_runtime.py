@@ -1,5 +1,11 @@
 """Attention wired to the paged kernel (op.MODE "triton": the Triton kernel under the CPU interpreter) against a
-float64 loop over each row's true history; the built-in pair's greedy output with it against transformers'."""
+float64 loop over each row's true history; the built-in pair's greedy output with it against transformers'; the
+GPU benchmark's smoke run."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,3 +80,17 @@ def test_dflash_generation_with_the_kernel_matches_transformers(builtin, kernel_
     for result, request in zip(results, requests):
         assert result.output_ids == hf_greedy(hf, list(request.prompt_ids), 12)
 
+
+def test_benchmark_smoke_run(tmp_path):
+    """benchmarks/paged_attention_gpu.py end to end at tiny shapes on the CPU (the kernel in the interpreter): both
+    paths agree and the record holds what its docstring says."""
+    out = tmp_path / "paged_attention.json"
+    script = Path(__file__).parents[1] / "benchmarks" / "paged_attention_gpu.py"
+    run = subprocess.run([sys.executable, str(script), "--tiny", "--device", "cpu", "--batches", "2", "--repeats", "1",
+                          "--output", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads(out.read_text())
+    assert record["shapes"] == "tiny" and [r["queries"] for r in record["rows"]] == [1, 16]
+    for row in record["rows"]:
+        assert row["max_abs_diff"] < 1e-5 and row["speedup"] == pytest.approx(row["gather_s"] / row["paged_s"])
+        assert row["paged_graph_s"] is None and row["floor_s"] > 0
