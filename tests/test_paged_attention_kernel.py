@@ -66,6 +66,8 @@ CASES = [  # heads, kv heads, head_dim, queries per row, keys per row, causal, s
     (4, 2, 128, 16, [17, 32, 70], False, False),
     (6, 2, 64, 16, [40, 16], False, True),
     (2, 2, 64, 3, [3, 20], True, True),
+    (4, 2, 64, 40, [45, 90], True, False),  # a chunk's T: two tiles of 32 queries
+    (2, 1, 64, 70, [70], False, True),
 ]
 
 
@@ -131,12 +133,15 @@ STRIDES = ("s_qb", "s_qt", "s_qh", "s_ob", "s_ot", "s_oh", "s_kn", "s_kp", "s_kh
 for arch in (90, 100):
     target = GPUTarget("cuda", arch, 32)
     for dtype, t, group, d, causal, sinks in (("bf16", 1, 4, 128, True, False), ("bf16", 16, 4, 128, False, True),
-                                              ("fp32", 16, 1, 64, True, True), ("fp16", 3, 8, 256, True, False)):
-        consts = dict(T=t, GROUP=group, M=max(16, triton.next_power_of_2(t * group)), D=d, BLOCK=16, CAUSAL=causal,
-                      HAS_SINKS=sinks, UPCAST=False, PRECISION="ieee" if dtype == "fp32" else "tf32")
+                                              ("fp32", 16, 1, 64, True, True), ("fp16", 3, 8, 256, True, False),
+                                              ("bf16", 100, 1, 128, True, False)):
+        tq = min(triton.next_power_of_2(t), max(1, 64 // group))
+        consts = dict(TQ=tq, GROUP=group, M=max(16, triton.next_power_of_2(tq * group)), D=d, BLOCK=16,
+                      CAUSAL=causal, HAS_SINKS=sinks, UPCAST=False, PRECISION="ieee" if dtype == "fp32" else "tf32")
         sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "table_ptr": "*i32",
                "rows_ptr": "*i64", "pos_ptr": "*i64", "sinks_ptr": "*fp32", "out_ptr": f"*{dtype}", "kv_len": "i32",
-               "table_width": "i32", "scale": "fp32", **{s: "i64" for s in STRIDES}, **{k: "constexpr" for k in consts}}
+               "table_width": "i32", "scale": "fp32", **{s: "i64" for s in STRIDES}, "T": "i32",
+               **{k: "constexpr" for k in consts}}
         c = triton.compile(ASTSource(fn=_paged_attention_kernel, signature=sig, constexprs=consts), target=target)
         assert ".visible .entry _paged_attention_kernel(" in c.asm["ptx"] and "cubin" in c.asm
         print(arch, dtype, t, group, d, "ok", c.metadata.num_warps, c.metadata.shared, flush=True)
@@ -145,9 +150,9 @@ for arch in (90, 100):
 
 def test_kernel_compiles_for_hopper_and_blackwell():
     """Real ahead-of-time compilation (Triton's LLVM and ptxas) to sm_90a and sm_100a, no GPU needed: bf16 decode and
-    verify shapes at Qwen3-8B's head_dim, fp32 with sinks, fp16 at head_dim 256."""
+    verify shapes at Qwen3-8B's head_dim, fp32 with sinks, fp16 at head_dim 256, MHA tiles of 64 queries."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert proc.stdout.count(" ok ") == 8
+    assert proc.stdout.count(" ok ") == 10

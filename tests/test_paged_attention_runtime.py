@@ -20,6 +20,7 @@ from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.plugins.paged_attention import op, triton_kernel
 from trtllm_dflash.request import Request
 from trtllm_dflash.speculative import DFlashProposer
+from trtllm_dflash.speculative.autoregressive import AutoregressiveProposer
 
 H, HKV, D = 4, 2, 16
 
@@ -61,6 +62,18 @@ def test_cached_attend_reads_the_pool_through_the_table(kernel_calls, causal, co
                                atol=2e-5, rtol=1e-4)
 
 
+def test_which_passes_take_the_kernel(monkeypatch):
+    """Up to a block's 16 queries a row, head_dim a power of two from 16, no window; a long chunk keeps the gather."""
+    monkeypatch.setattr(op, "MODE", "triton")
+    assert op.use_op(torch.zeros(2, 16, H, D), False) and op.use_op(torch.zeros(2, 1, H, 128), False)
+    assert not op.use_op(torch.zeros(2, 17, H, D), False) and not op.use_op(torch.zeros(2, 1, H, D), True)
+    assert not op.use_op(torch.zeros(2, 1, H, 8), False) and not op.use_op(torch.zeros(2, 1, H, 96), False)
+    monkeypatch.setattr(op, "MODE", "auto")
+    assert not op.use_op(torch.zeros(2, 1, H, D), False)  # the CPU keeps gather + SDPA
+    monkeypatch.setattr(op, "MODE", "off")
+    assert not op.use_op(torch.zeros(2, 1, H, D), False)
+
+
 def test_bad_setting_is_named(monkeypatch):
     monkeypatch.setattr(op, "MODE", "fast")
     with pytest.raises(ValueError, match="TRTLLM_DFLASH_PAGED_ATTENTION must be one of auto, triton, off, got 'fast'"):
@@ -68,17 +81,18 @@ def test_bad_setting_is_named(monkeypatch):
 
 
 def test_dflash_generation_with_the_kernel_matches_transformers(builtin, kernel_calls):
-    """The built-in pair (head_dim 16) drafting and verifying through the Triton kernel: transformers' greedy
-    output. Small on purpose: the interpreter runs every kernel call in Python."""
+    """The built-in pair (head_dim 16) drafting and verifying, and plain decoding, through the Triton kernel:
+    transformers' greedy output. Small on purpose: the interpreter runs every kernel call in Python."""
     pipe = load_pipeline(*builtin)
     requests = [Request(tuple(p[: 6 + 5 * i]), 12, ignore_eos=True) for i, p in enumerate(held_out_prompts(2))]
     results = Generator(pipe.target.model, DFlashProposer(pipe.drafter.model, pipe.target.model)).generate(requests)
     assert kernel_calls and max(max(r.acceptance_lengths) for r in results) > 1
+    plain = Generator(pipe.target.model, AutoregressiveProposer()).generate(requests)  # one query per row
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(str(builtin[0]), dtype=torch.float32).eval()
-    for result, request in zip(results, requests):
-        assert result.output_ids == hf_greedy(hf, list(request.prompt_ids), 12)
+    for result, alone, request in zip(results, plain, requests):
+        assert result.output_ids == alone.output_ids == hf_greedy(hf, list(request.prompt_ids), 12)
 
 
 def test_benchmark_smoke_run(tmp_path):

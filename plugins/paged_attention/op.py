@@ -23,6 +23,9 @@ from torch import Tensor
 from .reference import paged_attention_reference
 
 MODES = ("auto", "triton", "off")
+# Passes with more queries per row (a chunk of a long prompt, a prompt resumed after a prefix hit) keep gather +
+# SDPA: this kernel's query tiles are small (<= 64 rows), so a long span would re-read the keys once per tile.
+MAX_QUERIES = 16  # a verify's or a drafting block's width
 MODE = os.environ.get("TRTLLM_DFLASH_PAGED_ATTENTION", "auto")
 TRITON = importlib.util.find_spec("triton") is not None
 
@@ -33,12 +36,12 @@ def supported(head_dim: int) -> bool:
 
 
 def use_op(q: Tensor, windowed: bool) -> bool:
-    """Whether a cached full-attention layer with queries q calls the op (else gather + mask + SDPA)."""
+    """Whether a cached full-attention layer with queries q [B, T, H, D] calls the op (else gather + mask + SDPA)."""
     if MODE not in MODES:
         raise ValueError(f"TRTLLM_DFLASH_PAGED_ATTENTION must be one of {', '.join(MODES)}, got {MODE!r}")
-    if MODE == "off" or windowed or not (TRITON and supported(q.shape[-1])):
+    if MODE == "off" or windowed or not (MODE == "triton" or q.is_cuda):  # the CPU: no guard on the shapes
         return False
-    return MODE == "triton" or q.is_cuda
+    return TRITON and supported(q.shape[-1]) and q.shape[1] <= MAX_QUERIES
 
 
 @torch.library.custom_op("trtllm_dflash::paged_attention", mutates_args=())
@@ -62,4 +65,4 @@ def _paged_attention_cuda(q, k_pool, v_pool, table, rows, positions, kv_len, cau
 
 @paged_attention.register_fake
 def _paged_attention_fake(q, k_pool, v_pool, table, rows, positions, kv_len, causal, scale, sinks=None) -> Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)  # contiguous [B, T, H, D], as both implementations return

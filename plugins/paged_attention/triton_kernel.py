@@ -1,15 +1,17 @@
 """Paged decode attention in Triton: FlashAttention's online softmax over a row's key blocks, read in place.
 
-One program per (batch row, KV head) holds every query of the row for every query head of that KV head's group,
-M = T x group rows (T <= 16 queries: a plain step's 1, a verify's or a drafting block's up to 16), and walks the
-row's blocks 0..nb-1 through its table row: block i of row r is pool block table[r, i], keys at positions
-i * BLOCK .. i * BLOCK + BLOCK - 1, stored [BLOCK, H_kv, D] (position-major, FlashAttention's and vLLM's paged
-layout). nb covers the row's last visible key only (bounded by the table's width), so a short row reads few
-blocks whatever the batch's longest. Scores and the running max / sum / output are fp32; P is cast to V's dtype
-for its product (as FlashAttention does); fp32 inputs use IEEE products, not TF32. Keys a query does not see are
-masked out of the scores, and V rows no query of the row sees are zeroed before the product, so whatever the pool
-holds there (the null block, another request's stale keys, NaN) never reaches the output.
-Not split along the keys (flash-decoding's split-KV): at batch 1 a long context runs on only H_kv programs.
+One program per (batch row, KV head, tile of TQ queries) holds those queries for every query head of that KV head's
+group, TQ x group rows padded to M (<= 64 live: a plain step's 1 query, or a whole verify or drafting block of 16 at
+GQA 4, in one tile). It walks the row's blocks 0..nb-1 through its table row: block i of row r is pool block
+table[r, i], holding positions i * BLOCK .. i * BLOCK + BLOCK - 1 as [BLOCK, H_kv, D] (position-major: the layout
+and int32 table of `flash_attn_with_kvcache` with `block_table`, Dao-AILab/flash-attention
+flash_attn/flash_attn_interface.py, v2.x: k_cache (num_blocks, page_block_size, nheads_k, headdim), block_table
+(batch_size, max_num_blocks_per_seq)). nb covers the tile's last visible key only (bounded by the table's width),
+so a short row reads few blocks whatever the batch's longest. Scores and the running max / sum / output are fp32;
+P is cast to V's dtype for its product (as FlashAttention does); fp32 inputs use IEEE products, not TF32. Keys a
+query does not see are masked out of the scores, and V rows no query of the tile sees are zeroed before the
+product, so whatever the pool holds there (the null block, another request's stale keys, NaN) never reaches the
+output. Not split along the keys (flash-decoding's split-KV): a batch-1 plain step runs on only H_kv programs.
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, s
                             s_ob, s_ot, s_oh,
                             s_kn, s_kp, s_kh,  # pool strides: block, position in block, KV head (D is unit)
                             s_tr, s_pb,  # table row, positions row
-                            T: tl.constexpr, GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
+                            T, TQ: tl.constexpr, GROUP: tl.constexpr, M: tl.constexpr, D: tl.constexpr,
                             BLOCK: tl.constexpr, CAUSAL: tl.constexpr, HAS_SINKS: tl.constexpr,
                             UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
-    m = tl.arange(0, M)  # query t = m // GROUP of head kvh * GROUP + m % GROUP
-    t = m // GROUP
-    live = t < T
+    m = tl.arange(0, M)  # query t of this tile's m // GROUP, head kvh * GROUP + m % GROUP
+    t = tl.program_id(2) * TQ + m // GROUP
+    live = (m < TQ * GROUP) & (t < T)
     head = kvh * GROUP + m % GROUP
     d = tl.arange(0, D)
     q = tl.load(q_ptr + b * s_qb + t[:, None] * s_qt + head[:, None] * s_qh + d[None, :], mask=live[:, None],
@@ -49,7 +51,7 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, s
     else:  # block: every query sees up to the row's last query position
         limit = tl.where(live, tl.load(pos_ptr + b * s_pb + T - 1), -1)
     limit = tl.minimum(limit, kv_len - 1)
-    top = tl.max(limit, axis=0)  # the row's last key any query sees
+    top = tl.max(limit, axis=0)  # the last key any query of the tile sees
     nb = tl.where(top >= 0, tl.minimum(top // BLOCK + 1, table_width), 0)
     row = tl.load(rows_ptr + b).to(tl.int64)
     p = tl.arange(0, BLOCK)
@@ -65,7 +67,7 @@ def _paged_attention_kernel(q_ptr, k_ptr, v_ptr, table_ptr, rows_ptr, pos_ptr, s
         k = tl.load(k_ptr + base)  # [BLOCK, D]
         v = tl.load(v_ptr + base)
         key = i * BLOCK + p
-        v = tl.where((key <= top)[:, None], v, 0.0).to(v_ptr.dtype.element_ty)
+        v = tl.where((key <= top)[:, None], v, 0.0).to(v_ptr.dtype.element_ty)  # no query sees it: may be NaN
         if UPCAST:
             k, v = k.to(tl.float32), v.to(tl.float32)
         s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [M, BLOCK] fp32
@@ -96,12 +98,13 @@ def paged_attention_triton(q, k_pool, v_pool, table, rows, positions, kv_len: in
     assert k_pool.stride(-1) == 1 and v_pool.stride() == k_pool.stride() and h % h_kv == 0
     q = q if q.stride(-1) == 1 else q.contiguous()
     positions = positions.contiguous()
-    out = torch.empty_like(q)
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # contiguous, as the op's fake kernel says
     group = h // h_kv
-    _paged_attention_kernel[(b, h_kv)](
+    tq = min(triton.next_power_of_2(t), max(1, 64 // group))  # queries per program: T's power of two, <= 64 rows
+    _paged_attention_kernel[(b, h_kv, triton.cdiv(t, tq))](
         q, k_pool, v_pool, table, rows.contiguous(), positions, sinks if sinks is not None else q, out,
         kv_len, table.shape[1], scale, *q.stride()[:3], *out.stride()[:3], *k_pool.stride()[:3], table.stride(0),
-        positions.stride(0), T=t, GROUP=group, M=max(16, triton.next_power_of_2(t * group)), D=d, BLOCK=block,
+        positions.stride(0), t, TQ=tq, GROUP=group, M=max(16, triton.next_power_of_2(tq * group)), D=d, BLOCK=block,
         CAUSAL=causal, HAS_SINKS=sinks is not None, UPCAST=INTERPRETED,
         PRECISION="ieee" if INTERPRETED or q.dtype == torch.float32 else "tf32")
     return out

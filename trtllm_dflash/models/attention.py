@@ -19,7 +19,7 @@ Design note: the contract every model family builds on.
   key - query < W when not causal). A slot's entries past its committed length are junk that no
   query can see, which is why rolling back a rejected block costs nothing.
 - Kernel: torch SDPA with an additive mask built once per forward and mask kind (exact on CPU;
-  with sinks an explicit softmax). On CUDA, cached-mode full-attention layers (no window) instead call
+  with sinks an explicit softmax). On CUDA, cached-mode full-attention layers (no window, <= 16 queries a row) call
   `torch.ops.trtllm_dflash.paged_attention` (plugins/paged_attention): a Triton kernel reading each row's
   keys in place from the paged pool through its block table, visibility derived from the positions:
   no gather, no mask tensor. The env var TRTLLM_DFLASH_PAGED_ATTENTION (auto / triton / off, read in
