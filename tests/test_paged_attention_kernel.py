@@ -87,12 +87,14 @@ def make_case(case, dtype, gathered, seed=0):
 TOL = {torch.float32: dict(atol=2e-5, rtol=1e-4), torch.bfloat16: dict(atol=2e-2, rtol=2e-2)}
 
 
+@pytest.mark.parametrize("splits", [1, 3], ids=["one-split", "split-kv"])
 @pytest.mark.parametrize("gathered", [False, True], ids=["rows-0..B-1", "rows-gathered"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("case", CASES)
-def test_triton_kernel_against_oracle(case, dtype, gathered):
+def test_triton_kernel_against_oracle(case, dtype, gathered, splits):
+    """splits: the keys split three ways (flash-decoding), as a GPU does when rows x heads are few."""
     args, expected = make_case(case, dtype, gathered)
-    out = paged_attention_triton(*args)
+    out = paged_attention_triton(*args, splits=splits)
     assert out.dtype == dtype and out.shape == args[0].shape
     torch.testing.assert_close(out.double(), expected, **TOL[dtype])
 
@@ -105,11 +107,14 @@ def test_op_reference_against_oracle(case, dtype):
     torch.testing.assert_close(out.double(), expected, **TOL[dtype])
 
 
-def test_queries_past_the_key_span_see_only_keys_before_it():
+@pytest.mark.parametrize("with_sinks", [False, True], ids=["no-sinks", "sinks"])
+def test_queries_past_the_key_span_see_only_keys_before_it(with_sinks):
     """kv_len bounds what any query sees (a padded row's junk positions); a query that sees nothing gets zeros."""
     args, _ = make_case(CASES[0], torch.float32, gathered=False)
-    q, k_pool, v_pool, table, rows, positions, kv_len, causal, scale, sinks = args
-    for run in (paged_attention_reference, paged_attention_triton):  # rows hold 1, 37 and 80 keys
+    q, k_pool, v_pool, table, rows, positions, kv_len, causal, scale, _ = args
+    sinks = torch.randn(q.shape[2]) if with_sinks else None
+    split = lambda *a: paged_attention_triton(*a, splits=2)  # noqa: E731
+    for run in (paged_attention_reference, paged_attention_triton, split):  # rows hold 1, 37 and 80 keys
         out = run(q, k_pool, v_pool, table, rows, torch.tensor([[-1], [500], [20]]), 37, causal, scale, sinks)
         assert torch.isfinite(out).all() and (out[0] == 0).all()
         within = run(q, k_pool, v_pool, table, rows, torch.tensor([[0], [36], [20]]), 37, causal, scale, sinks)
@@ -137,10 +142,13 @@ for arch in (90, 100):
                                               ("bf16", 100, 1, 128, True, False)):
         tq = min(triton.next_power_of_2(t), max(1, 64 // group))
         consts = dict(TQ=tq, GROUP=group, M=max(16, triton.next_power_of_2(tq * group)), D=d, BLOCK=16,
-                      CAUSAL=causal, HAS_SINKS=sinks, UPCAST=False, PRECISION="ieee" if dtype == "fp32" else "tf32")
+                      CAUSAL=causal, HAS_SINKS=sinks, UPCAST=False, PRECISION="ieee" if dtype == "fp32" else "tf32",
+                      SPLIT=t < 16)
         sig = {"q_ptr": f"*{dtype}", "k_ptr": f"*{dtype}", "v_ptr": f"*{dtype}", "table_ptr": "*i32",
-               "rows_ptr": "*i64", "pos_ptr": "*i64", "sinks_ptr": "*fp32", "out_ptr": f"*{dtype}", "kv_len": "i32",
-               "table_width": "i32", "scale": "fp32", **{s: "i64" for s in STRIDES}, "T": "i32",
+               "rows_ptr": "*i64", "pos_ptr": "*i64", "sinks_ptr": "*fp32", "out_ptr": f"*{dtype}",
+               "acc_ptr": "*fp32", "max_ptr": "*fp32", "sum_ptr": "*fp32", "kv_len": "i32", "table_width": "i32",
+               "scale": "fp32", "n_splits": "i32", "split_blocks": "i32", "n_rows": "i32", "n_heads": "i32",
+               **{s: "i64" for s in STRIDES}, "T": "i32",
                **{k: "constexpr" for k in consts}}
         c = triton.compile(ASTSource(fn=_paged_attention_kernel, signature=sig, constexprs=consts), target=target)
         assert ".visible .entry _paged_attention_kernel(" in c.asm["ptx"] and "cubin" in c.asm
@@ -150,7 +158,8 @@ for arch in (90, 100):
 
 def test_kernel_compiles_for_hopper_and_blackwell():
     """Real ahead-of-time compilation (Triton's LLVM and ptxas) to sm_90a and sm_100a, no GPU needed: bf16 decode and
-    verify shapes at Qwen3-8B's head_dim, fp32 with sinks, fp16 at head_dim 256, MHA tiles of 64 queries."""
+    verify shapes at Qwen3-8B's head_dim, fp32 with sinks, fp16 at head_dim 256, MHA tiles of 64 queries; split
+    along the keys (T < 16) and not."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     proc = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=600)
