@@ -3,13 +3,14 @@
 Visibility (models/attention.py's rule for full-attention caches): query t of row b at positions[b, t] sees the
 keys at positions 0..L, L = positions[b, t] (causal) or positions[b, -1] (block, `causal=False`: DFlash drafting),
 and never a key at or past kv_len. A query that sees no key gets zeros (FlashAttention's convention,
-`flash_attn_with_kvcache` in Dao-AILab/flash-attention flash_attn/flash_attn_interface.py, v2.x).
+`flash_attn_with_kvcache` in Dao-AILab/flash-attention flash_attn/flash_attn_interface.py at 0053002, 2.x).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
+
 
 def limits(positions: Tensor, kv_len: int, causal: bool) -> Tensor:
     """positions [B, T] -> the last visible key position of each query [B, T] (negative: none)."""
