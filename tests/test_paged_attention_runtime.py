@@ -13,6 +13,7 @@ from oracle import hf_greedy
 from test_paged_attention_kernel import oracle
 
 from trtllm_dflash.builtin import held_out_prompts
+from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.generator import Generator
 from trtllm_dflash.kv_cache import KVCache, LayerCacheSpec
 from trtllm_dflash.models.attention import AttentionSpec, ForwardContext
@@ -76,7 +77,7 @@ def test_which_passes_take_the_kernel(monkeypatch):
 
 def test_bad_setting_is_named(monkeypatch):
     monkeypatch.setattr(op, "MODE", "fast")
-    with pytest.raises(ValueError, match="TRTLLM_DFLASH_PAGED_ATTENTION must be one of auto, triton, off, got 'fast'"):
+    with pytest.raises(DFlashError, match="TRTLLM_DFLASH_PAGED_ATTENTION must be one of auto, triton, off, got 'fast'"):
         op.use_op(torch.zeros(1, 1, H, D), False)
 
 

@@ -20,6 +20,7 @@ import os
 import torch
 from torch import Tensor
 
+from ...errors import DFlashError
 from .reference import paged_attention_reference
 
 MODES = ("auto", "triton", "off")
@@ -38,7 +39,7 @@ def supported(head_dim: int) -> bool:
 def use_op(q: Tensor, windowed: bool) -> bool:
     """Whether a cached full-attention layer with queries q [B, T, H, D] calls the op (else gather + mask + SDPA)."""
     if MODE not in MODES:
-        raise ValueError(f"TRTLLM_DFLASH_PAGED_ATTENTION must be one of {', '.join(MODES)}, got {MODE!r}")
+        raise DFlashError(f"TRTLLM_DFLASH_PAGED_ATTENTION must be one of {', '.join(MODES)}, got {MODE!r}")
     if MODE == "off" or windowed or not (MODE == "triton" or q.is_cuda):  # the CPU: no guard on the shapes
         return False
     return TRITON and supported(q.shape[-1]) and q.shape[1] <= MAX_QUERIES
