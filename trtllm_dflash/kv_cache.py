@@ -9,6 +9,8 @@ maps each row's (slot's) logical block i = position // BLOCK to a pool block. La
   right padding past its blocks) land there harmlessly and reads of it are never visible (keys past a row's queries
   are masked). Rolling back to an accepted length is just a smaller length: entries past it are never visible (see
   models/attention.py) and are rewritten before they are read.
+  On CUDA, cached-mode attention reads the blocks in place through the table (plugins/paged_attention); `FullKV.view`'s
+  gather is the CPU's path and the prefill's.
 - "window": a ring per row of R = window + max_step_tokens - 1 entries, index = position % R, so memory is
   bounded by the window and the rows, not the context. R keeps every key a later query can see even when a whole
   verified block is rejected (a rejected entry can only shadow a position at least window + 1 behind every later

@@ -19,8 +19,11 @@ Design note: the contract every model family builds on.
   key - query < W when not causal). A slot's entries past its committed length are junk that no
   query can see, which is why rolling back a rejected block costs nothing.
 - Kernel: torch SDPA with an additive mask built once per forward and mask kind (exact on CPU;
-  with sinks an explicit softmax). A mask-free kernel (flash-attn's kvcache kernel: per-row
-  seqlens and causal/window flags) can take the same context; none is wired in yet.
+  with sinks an explicit softmax). On CUDA, cached-mode full-attention layers (no window, <= 16 queries a row) call
+  `torch.ops.trtllm_dflash.paged_attention` (plugins/paged_attention): a Triton kernel reading each row's
+  keys in place from the paged pool through its block table, visibility derived from the positions:
+  no gather, no mask tensor. The env var TRTLLM_DFLASH_PAGED_ATTENTION (auto / triton / off, read in
+  plugins/paged_attention/op.py) picks; the CPU keeps gather + SDPA unless it says triton (tests).
 - Caches: `ctx.cache.layers[i]` is the cache of attention layer i (kv_cache.py: full or
   sliding-window ring) with write / view / key_positions. Recurrent (linear-attention) layers keep
   their state in `ctx.cache.state` (state_cache.py) and fold `ctx.commit` tokens into it.
@@ -33,6 +36,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ..plugins.paged_attention import op as paged
+
 
 @dataclass(frozen=True)
 class AttentionSpec:
@@ -134,6 +140,11 @@ class ForwardContext:
         """q: [B, T, H, D]; k, v: [B, T, H_kv, D] this forward's -> [B, T, H, D] (and k, v stored)."""
         cache = self.cache.layers[layer]
         cache.write(self, k, v)
+        if not self.prefilling and cache.kind == "full" and paged.use_op(q, spec.window is not None):
+            # keys read in place through the block table; the rows' slots are self.slots in both cached forms
+            scale = spec.scale if spec.scale is not None else q.shape[-1] ** -0.5
+            return paged.paged_attention(q, cache.k, cache.v, cache.table.table, self.slots, self.positions,
+                                         self.kv_len, spec.causal, scale, sinks)
         if self.prefilling:
             keys, values, kind, k_pos = k.transpose(1, 2), v.transpose(1, 2), "prefill", self.positions
         else:
