@@ -9,6 +9,8 @@
 #   the two cuda-graphs ones on an H200 (2026-11-26).
 # - TESTS=after: the session first, then only the cuda-graphs tests (-k cuda-graphs) in the time left, if at
 #   least 100 s are (a lease whose main goal is the session's numbers).
+# - PAGED=1: benchmarks/paged_attention_gpu.py next (one decode step's attention, the paged kernel against gather +
+#   SDPA, side by side; at most 120 s), into OUT_DIR/paged_attention.json.
 # - then benchmarks/gpu_session.py for MODES (default cuda-graphs: eager was measured on an H200, see
 #   benchmarks/results/gpu_h200/RUN.md), with a deadline that leaves the last part 100 s, killed (SIGTERM, which
 #   gpu_session.py turns into a record of where its time went) at SECONDS.
@@ -34,6 +36,11 @@ if [ "${TESTS:-0}" = 1 ]; then
         >"$out/tests_cuda_steps.log" 2>&1
     echo "tests/test_cuda_steps.py: exit $? after $(($(date +%s) - start)) s"
     tail -3 "$out/tests_cuda_steps.log"
+fi
+if [ "${PAGED:-0}" = 1 ]; then
+    timeout 120 python3 benchmarks/paged_attention_gpu.py --output "$out/paged_attention.json" >"$out/paged_attention.log" 2>&1
+    echo "benchmarks/paged_attention_gpu.py: exit $? after $(($(date +%s) - start)) s"
+    tail -5 "$out/paged_attention.log"
 fi
 budget=$(left)
 TORCH_LOGS=recompiles timeout "$budget" python3 benchmarks/gpu_session.py --out "$out" --step-modes "${MODES:-cuda-graphs}" \
