@@ -415,16 +415,15 @@ def test_a_request_ending_does_not_restart_the_probe_back_off():
     assert policy.choose(view([0], remaining=[1])) == 0 and policy.wait == wait
 
 
-def test_running_requests_keep_the_drafter_context_until_two_back_off_probes_fail():
-    """Nothing accepted, drafting loses: a newcomer's probe (step 1) and, alone in its batch, the two probes after
-    the plain runs that follow (16 and 32 steps) all fail, and only then does the policy let the request drop the
-    drafter's context (SMALL_BATCH_FAILED_PROBES; before, the first back-off probe's failure did, about 20 steps
-    into a request); a request whose drafting pays, a due probe, or a request with fewer than two drafting steps of
-    its own keeps it (in a batch too: the decision is per request)."""
+def test_running_requests_keep_the_drafter_context_until_a_second_probe_fails():
+    """Nothing accepted, drafting loses: a newcomer's probe (step 1) and the probe after the first plain run
+    both fail, and only then does the policy let the request drop the drafter's context; a request whose
+    drafting pays, a due probe, or a request with fewer than two drafting steps of its own keeps it (in a
+    batch too: the decision is per request)."""
     policy = prepared(linear_cost(plain=1.0, per_draft=0.03, draft_overhead=0.5))
     policy.admit([0], [100])
     probes, dropped = [], None
-    for step in range(1, 81):
+    for step in range(1, 41):
         batch = view([0], 100 + step)
         k = policy.choose(batch)
         if k:
@@ -432,11 +431,8 @@ def test_running_requests_keep_the_drafter_context_until_two_back_off_probes_fai
         elif dropped is None and policy.keeps_context(batch) == [False]:
             dropped = step
         policy.observe([0], k, [0])
-    assert dropped is not None
     before = [step for step in probes if step < dropped]
-    backoff = [step for step in before if step > 16]  # the newcomer's opening is the steps before the first wait
-    assert before[0] == 1 and len(backoff) == 2 and backoff[1] - backoff[0] >= 32  # the second waited twice as long
-    assert dropped == backoff[-1] + 1
+    assert before[0] == 1 and before[-1] > 16 and dropped == before[-1] + 1  # after the back-off's first probe
     while policy.plain_run + 1 < policy.wait:  # plain steps until the next probe is due
         policy.observe([0], 0, [0])
     assert policy.keeps_context(view([0], 200)) == [True]  # a due probe needs the context

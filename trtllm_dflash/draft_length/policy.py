@@ -44,21 +44,6 @@ CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the 
 # a request's own drafting steps (decayed trials of draft position 1: two steps are 0.9 + 1 = 1.9) before it may
 # stop paying for the drafter's context (`CostBasedDraftLen.keeps_context`)
 OWN_PROBES = 1.5
-# In a batch of at most ProbeSettings.newcomer_batch requests, a request keeps the drafter's context until this many
-# of the policy's back-off probes (newcomers' probes not counted) accepted none of its drafts since its admission
-# and since its batch last chose to draft (`CostBasedDraftLen.keeps_context`). Dropping the context is for good (it
-# cannot be rebuilt without recomputing the target), while keeping it in a small batch costs little: every step
-# plain at 1024 tokens, a request keeping it decoded in 1.00x plain decoding's time at batch 1 and 1.01x at batch 4
-# against 1.00x and 0.99x plain-only (medians of 15, benchmarks/results/plain_only_admission.json; the context's
-# writes are deferred to the next drafting step), plus the probes themselves, exponentially fewer. Before, one probe
-# after the opening decided: any probe that did not make drafting win at once (its single draft is a coin flip for
-# the built-in drafter, and the opening's rejections outweighed even an accepted probe) dropped the context about 20
-# steps into a request, for good: held-out prompt 7 decoded at tau 1.02 where drafting 15 gives 3.63
-# (benchmarks/results/draft_len_batch1_threads1.json at c1cf496). Two empty probes come 16 + 32 plain steps after
-# the last drafting choice (the back-off doubles), so a request that never pays drops the context about 50 steps in,
-# and one whose first draft is a coin flip is dropped wrongly 1 time in 4 (not 1 in 2); a third would come 64 steps
-# later, past the end of most 128-token requests, where dropping saves nothing.
-SMALL_BATCH_FAILED_PROBES = 2
 # A probe of a request decoding alone that accepted drafts its evidence gave less than this chance of (the product
 # of its mean rates at the accepted positions) ages that evidence by the plain run before it counts
 # (`AcceptanceModel.age`): it says the request changed since. Alone only: in a greedy replay of 16 held-out prompts
@@ -158,8 +143,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.judges = True
         # per slot, the back-off probes its request drafted in that accepted none of its drafts, since its admission
         # and since its batch last chose to draft (`keeps_context`); whether the step being chosen is such a probe
-        self.failed = np.zeros(0, dtype=np.int64)
-        self.probing, self.failed_any, self.failures = False, False, 0  # failures: bumped whenever `failed` changes
+        self.probing = False  # the step being chosen is a back-off probe (`probed`)
 
     def prepare(self, generator) -> None:
         slots, max_draft_len = generator.slots.usable, generator.block - 1
@@ -179,8 +163,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.newcomers = NewcomerBackoff(slots, self.probe.newcomer_longest)
         self.crowd = NewcomerBackoff(slots, self.probe.newcomer_longest, history=False)
         self.judges, self.crowd_waits = True, False
-        self.failed = np.zeros(slots, dtype=np.int64)
-        self.probing, self.failed_any, self.failures = False, False, 0
+        self.probing = False
 
     def admit(self, slots: list[int], contexts: list[int]) -> None:
         if self.acceptance is not None:
@@ -189,8 +172,6 @@ class CostBasedDraftLen(DraftLenPolicy):
             self.newcomer = self.newcomers.admit(slots, contexts)
             self.newcomer_waits = not self.newcomer and self.newcomers.backed_off(contexts)
             self.crowd_waits = not self.crowd.admit(slots, contexts) and self.crowd.backed_off(contexts)
-            self.failed[slots] = 0
-            self.failures += 1
         self.admitted = frozenset(slots)
         self.kept = 0  # new requests may take finished ones' slots: the batch's key alone would not show it
 
@@ -211,9 +192,6 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.crowd_waits = False
         if best > 0:  # drafting pays: probes start over from the first wait once it stops paying
             self.wait = self.probe.first
-            if self.failed_any:  # (rarely: after a plain run whose probes failed)
-                self.failed[batch.slots] = 0
-                self.failed_any, self.failures = bool(self.failed.any()), self.failures + 1
             return best
         if batch.max_draft_len == 0 or max(batch.remaining) < 2:  # nothing to draft: no probe, the back-off stays
             return 0
@@ -224,9 +202,6 @@ class CostBasedDraftLen(DraftLenPolicy):
         else:
             self.wait = min(2 * self.wait, self.probe.longest)
         if not self.reachable(batch):  # no evidence could make a drafting step win: it counts as a failed probe
-            if not newcomer:
-                self.failed[batch.slots] += 1
-                self.failed_any, self.failures = True, self.failures + 1
             return 0
         rates = self.last_rates = self.expected_rates(batch)
         self.probing = not newcomer
@@ -295,15 +270,9 @@ class CostBasedDraftLen(DraftLenPolicy):
             self.acceptance.observe(slots, draft_len, accepted, drafting)
 
     def probed(self, slots: list[int], accepted: list[int], drafting: list[bool] | None, plain_run: int) -> None:
-        """A back-off probe after `plain_run` plain steps ran: its rows that accepted none of their drafts failed it
-        (SMALL_BATCH_FAILED_PROBES); for a request decoding alone, evidence that made its acceptance unlikely ages by
-        the plain run before the probe's own evidence counts (SURPRISE)."""
-        rows = [i for i in range(len(slots)) if drafting is None or drafting[i]]
-        failed = [slots[i] for i in rows if accepted[i] == 0]
-        if failed:
-            self.failed[failed] += 1
-            self.failed_any, self.failures = True, self.failures + 1
-        rows = [i for i in rows if accepted[i] > 0]
+        """A back-off probe after `plain_run` plain steps ran: for a request decoding alone, evidence that made its
+        acceptance unlikely ages by the plain run before the probe's own evidence counts (SURPRISE)."""
+        rows = [i for i in range(len(slots)) if (drafting is None or drafting[i]) and accepted[i] > 0]
         if rows and len(slots) == 1:  # alone (see SURPRISE)
             rates = self.acceptance.rates([slots[i] for i in rows])  # [R, K] mean rates of the evidence so far
             aged = [slots[i] for i, r in zip(rows, rates) if float(np.prod(r[: accepted[i]])) < SURPRISE]
@@ -318,8 +287,6 @@ class CostBasedDraftLen(DraftLenPolicy):
     def move(self, src: int, dst: int) -> None:
         if self.acceptance is not None:
             self.acceptance.move(src, dst)
-            self.failed[dst] = self.failed[src]
-            self.failures += 1
             self.newcomers.move(src, dst)
             self.crowd.move(src, dst)
 
@@ -439,11 +406,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         the last newcomer's probe or drafting step (the wait has doubled past the first) and `drafts_for` says
         no for the batch, (2) it has drafted in at least two steps of its own (the built-in drafter's first
         draft is a coin flip, and acceptance differs far more between requests than between contexts), or in a
-        large batch one, where the next probe would come after its end (`another_probe`), (3) in a batch of at
-        most `ProbeSettings.newcomer_batch` requests, SMALL_BATCH_FAILED_PROBES of the policy's back-off probes
-        accepted none of its drafts since its admission and since its batch last chose to draft (a request's
-        opening says little of its later acceptance, and keeping the context costs a small batch little), and
-        (4) by its own acceptance estimate no draft length would pay even if it decoded alone (the cheapest a
+        large batch one, where the next probe would come after its end (`another_probe`), and
+        (3) by its own acceptance estimate no draft length would pay even if it decoded alone (the cheapest a
         drafting step gets: a request that would draft alone may yet draft when the batch shrinks), or, in a
         batch larger than `ProbeSettings.newcomer_batch`, none would in a batch of its size whose requests were
         all like it (`pays_in_kind`: it may wait for a shrink that a loaded server does not bring; such a stop
@@ -460,7 +424,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         context = batch.context - batch.context % CONTEXT_STEP
         due = self.plain_run + 1 >= self.wait or self.newcomer_probe(batch)  # what `drafts_for` reads besides
         key = (tuple(batch.slots), batch.drafting, self.acceptance.version, context, due,
-               self.plain_streak < PLAIN_ONLY_AFTER, self.failures)
+               self.plain_streak < PLAIN_ONLY_AFTER)
         if self.kept_context[0] == key:  # a run of plain steps asks the same every step
             return self.kept_context[1]
         if self.drafts_for(batch):
@@ -469,12 +433,9 @@ class CostBasedDraftLen(DraftLenPolicy):
             drafting = batch.drafting or (True,) * len(batch.slots)
             tried = self.acceptance.tried[batch.slots, 0]  # [B] each request's own decayed drafting steps
             alone = self.pays_alone(batch.slots, batch.remaining, context)
-            small = self.small(batch)
-            pays = alone if small else alone & self.pays_in_kind(batch)
+            pays = alone if self.small(batch) else alone & self.pays_in_kind(batch)
             another = self.another_probe(batch)
-            young = self.failed[batch.slots] < SMALL_BATCH_FAILED_PROBES if small else [False] * len(pays)
-            keep = [not d or (t < OWN_PROBES and n) or bool(p) or bool(y)
-                    for d, t, n, p, y in zip(drafting, tried, another, pays, young)]
+            keep = [not d or (t < OWN_PROBES and n) or bool(p) for d, t, n, p in zip(drafting, tried, another, pays)]
             for slot, d, kept, a, t in zip(batch.slots, drafting, keep, alone, tried):
                 if not d or kept:
                     continue
