@@ -658,7 +658,7 @@ def decode_request(policy, alphas, opening: int, seconds, tokens: int = 128, see
     return emitted / elapsed, chosen
 
 
-def test_a_request_that_opens_hard_keeps_the_drafter_context_until_probes_spread_over_its_life_fail():
+def test_a_request_that_opens_hard_is_not_held_plain_by_its_opening():
     """At batch 1 any draft costs about two plain steps (the built-in pair's batch-1 calibration on this project's
     shared CPU gave 2.0-2.1 plain steps for one draft and 2.4-2.5 for 15 in two runs), the request's first 4 tokens
     reject every draft (the built-in pair's held-out prompts open so: 4 whole-block steps accepting nothing), then
@@ -666,9 +666,9 @@ def test_a_request_that_opens_hard_keeps_the_drafter_context_until_probes_spread
     acceptance and costs) drafts 10 or more, at about 1.7 times plain's rate. When one probe after the opening
     decided, a rejected first draft there (or an accepted one, outweighed by the opening's rejections) dropped the
     drafter's context about 20 steps in, for good: 8 of these 16 seeds at about 0.57 of the best rate, 0.77 on
-    average (held-out prompt 7: tau 1.02 where drafting 15 gives 3.63). Now it takes two probes accepting nothing,
-    and a probe whose acceptance the opening made unlikely ages the opening's evidence: 3 such seeds (both probes'
-    first drafts rejected), 0.85 on average."""
+    average (held-out prompt 7: tau 1.02 where drafting 15 gives 3.63). Now a probe whose acceptance the opening
+    made unlikely ages the opening's evidence (SURPRISE): 4 such seeds (the probe's first draft rejected), 0.85 on
+    average."""
     seconds = [1.0] + [2.0 + 0.025 * k for k in range(1, K + 1)]
     lens = list(range(K + 1))
     cost = CostModel((1, 16), lens, (128, 1024), [[seconds, seconds] for _ in range(2)])
