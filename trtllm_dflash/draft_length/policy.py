@@ -47,14 +47,12 @@ OWN_PROBES = 1.5
 # A probe of a request decoding alone that accepted drafts its evidence gave less than this chance of (the product
 # of its mean rates at the accepted positions) ages that evidence by the plain run before it counts
 # (`AcceptanceModel.age`): it says the request changed since. Alone only: in a greedy replay of 16 held-out prompts
-# in waves of 4 on a calibrated step-cost table, ageing at batches of 2-4 as well cost 2 % of the modelled rate
-# (521.5 against 532.6 before either change, 533.5 ageing lone requests only: a probe's ageing made the whole batch
-# explore). At 0.2 the hard long requests of tests/test_draft_length.py (alpha_1 0.3) aged at their lucky probes and
-# explored: 0.961-0.964 of plain's rate over three seeds against 0.964-0.972 without aging; at 0.1, 0.967-0.972, the
-# same as without. The built-in pair's held-out prompts 1 and 7, replayed greedy at batch 1 on a step-cost table
-# where any draft costs 2-2.45 plain steps, still age at their first probe (4 of 4 and 2 of 3 drafts accepted after
-# an opening of 0-2): tau 3.85 and 2.95, against 3.74 and 1.84 without aging and 1.02 on prompt 7 before either
-# change (a one-off replay with the step-cost table fixed and the live cost correction off, not kept).
+# in waves of 4 on a calibrated step-cost table, ageing at batches of 2-4 as well cost 2 % of the modelled rate (a
+# probe's ageing made the whole batch explore). At 0.2 the hard long requests of tests/test_draft_length.py (alpha_1
+# 0.3) aged at their lucky probes and explored: 0.961-0.964 of plain's rate over three seeds against 0.964-0.972
+# without ageing; at 0.1, 0.967-0.972, the same as without. Batch 1, one thread: auto 1.12x -> 1.16x always 15, the
+# prompt that had dropped the drafter's context after its hard opening at tau 1.02 -> 2.95 (15: 3.63)
+# (benchmarks/results/draft_len_batch1_threads1.json, and _962e462.json before).
 SURPRISE = 0.1
 # In a batch larger than ProbeSettings.newcomer_batch, a drafting step is chosen over a plain one only when its
 # expected output tokens/s is at least this many times the plain step's. The models miss part of what a served
@@ -141,8 +139,6 @@ class CostBasedDraftLen(DraftLenPolicy):
         # bucket off to one newcomer in 16 in most repeats, and the concurrency-4 point after it admitted all 24
         # of its requests plain-only in 6 of 8 repeats, offline (benchmarks/results/bucket_verdicts.json).
         self.judges = True
-        # per slot, the back-off probes its request drafted in that accepted none of its drafts, since its admission
-        # and since its batch last chose to draft (`keeps_context`); whether the step being chosen is such a probe
         self.probing = False  # the step being chosen is a back-off probe (`probed`)
 
     def prepare(self, generator) -> None:
