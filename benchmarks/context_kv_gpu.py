@@ -51,7 +51,7 @@ def make_drafter(shape: dict, device, dtype):
 
 def copy_bandwidth(device) -> float:
     """Device-to-device copy bandwidth in bytes/s (read + write counted)."""
-    src = torch.empty(2 << 30 if device == "cuda" else 1 << 24, dtype=torch.uint8, device=device)
+    src = torch.empty(2 << 30 if str(device).startswith("cuda") else 1 << 24, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     seconds = timed(lambda: dst.copy_(src), device)
     return 2 * src.numel() / seconds
@@ -60,7 +60,7 @@ def copy_bandwidth(device) -> float:
 def timed(fn, device, reps: int = 20) -> float:
     """Median seconds per call (CUDA events on a GPU)."""
     fn()
-    if device != "cuda":
+    if not str(device).startswith("cuda"):
         t0 = time.perf_counter()
         fn()
         return time.perf_counter() - t0

@@ -30,6 +30,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).parent))
+from context_kv_gpu import copy_bandwidth, scattered_table  # noqa: E402  (a sibling script, not a package)
+
 OUT = Path(__file__).parent / "results" / "paged_attention_gpu.json"
 QWEN3_8B = dict(layers=36, heads=32, kv_heads=8, head_dim=128)
 TINY = dict(layers=2, heads=4, kv_heads=2, head_dim=16)
@@ -56,21 +59,11 @@ def median_s(fn, device: str, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def copy_bandwidth(device: str, nbytes: int) -> float:
-    """Device copy bandwidth in bytes/s, read + write counted."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    return 2 * nbytes / median_s(lambda: dst.copy_(src), device, 5)
-
-
 def scattered_cache(shape: dict, batch: int, capacity: int, device: str, dtype, g):
     """The runtime's KVCache (every layer full) over a block table whose rows' blocks lie at random in the pool."""
-    from trtllm_dflash.kv_cache import BlockTable, KVCache, LayerCacheSpec, blocks_for
+    from trtllm_dflash.kv_cache import KVCache, LayerCacheSpec
 
-    per_row = blocks_for(capacity + 1)  # BlockTable.max_blocks
-    table = BlockTable(batch, capacity, batch * per_row, device)
-    table.table[:, :per_row] = torch.randperm(batch * per_row, generator=g, device=device).to(torch.int32).view(
-        batch, per_row)
+    table = scattered_table(batch, capacity, device, g)
     cache = KVCache([LayerCacheSpec()] * shape["layers"], batch, shape["kv_heads"], capacity, shape["head_dim"],
                     dtype, device, table=table)
     for pool in (cache.k, cache.v):
@@ -158,7 +151,7 @@ def main() -> int:
         os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported
     shape, dtype = (TINY, torch.float32) if args.tiny else (QWEN3_8B, torch.bfloat16)
     contexts = args.contexts or ([40] if args.tiny else [1024, 4096])
-    bandwidth = copy_bandwidth(args.device, 1 << 24 if args.tiny else 2 << 30)
+    bandwidth = copy_bandwidth(args.device)
     rows = []
     for context in contexts:
         for batch in args.batches:
