@@ -61,7 +61,7 @@ def aiperf_venv(path: Path) -> tuple[Path, str]:
 
 
 def free_port() -> int:
-    from trtllm_dflash.engine import free_port as pick
+    from trtllm_dflash.engine.loader import free_port as pick
 
     return pick()
 

@@ -41,9 +41,10 @@ def transformers_greedy(target: Path, dtype, prompts) -> list[list[int]]:
 
 
 def runtime_outputs(pair, dtype, prompts) -> dict[str, list[list[int]]]:
+    from trtllm_dflash.engine.pipeline import load_pipeline
+    from trtllm_dflash.engine.request import Request
+
     from trtllm_dflash.draft_length.policy import FixedDraftLen
-    from trtllm_dflash.pipeline import load_pipeline
-    from trtllm_dflash.request import Request
 
     out = {}
     for decoding, drafter in (("plain", None), ("dflash_15", pair[1])):
@@ -67,9 +68,10 @@ def main(argv=None) -> None:
     p.add_argument("--output", help="write the JSON here (default: stdout)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    from trtllm_dflash.draft_length.calibrate import device_name
+    from trtllm_dflash.engine.calibrate import device_name
+    from trtllm_dflash.engine.pipeline import load_pipeline
+
     from trtllm_dflash.pairs import held_out_texts, stdlib_pair
-    from trtllm_dflash.pipeline import load_pipeline
 
     pair = stdlib_pair()
     tokenizer = load_pipeline(pair[0]).tokenizer

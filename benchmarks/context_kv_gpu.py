@@ -31,7 +31,8 @@ PREFILL = [(n, 1) for n in (1024, 4096, 8192)]
 
 
 def make_drafter(shape: dict, device, dtype):
-    from trtllm_dflash.config import DrafterConfig
+    from trtllm_dflash.config.model import DrafterConfig
+
     from trtllm_dflash.models.drafter import DFlashDrafter
 
     cfg = DrafterConfig.from_dict({
@@ -80,7 +81,7 @@ def floor_bytes(shape: dict, n: int, elt: int) -> int:
 def scattered_table(batch: int, capacity: int, device, g):
     """A block table for `batch` rows of `capacity` positions whose blocks lie at random in the pool, as a serving
     pool's blocks do after admissions and frees."""
-    from trtllm_dflash.kv_cache import BlockTable, blocks_for
+    from trtllm_dflash.cache.kv_cache import BlockTable, blocks_for
 
     per_row = blocks_for(capacity + 1)  # BlockTable.max_blocks
     table = BlockTable(batch, capacity, batch * per_row, device)
@@ -90,7 +91,7 @@ def scattered_table(batch: int, capacity: int, device, g):
 
 
 def run_case(drafter, weights, shape, tokens, batch, device, dtype) -> dict:
-    from trtllm_dflash.kv_cache import BLOCK
+    from trtllm_dflash.cache.kv_cache import BLOCK
     from trtllm_dflash.plugins.context_kv.op import write_context_kv
 
     g = torch.Generator(device=device).manual_seed(tokens * 1000 + batch)

@@ -36,9 +36,9 @@ GOALS = {"dflash_vs_plain": (">=", 2.2), "plain_vs_hf": (">=", 1.3), "sampling_o
 
 def load(threads: int):
     from transformers import AutoModelForCausalLM
+    from trtllm_dflash.engine.pipeline import load_pipeline
 
     from trtllm_dflash.pairs import stdlib_pair
-    from trtllm_dflash.pipeline import load_pipeline
 
     torch.set_num_threads(threads)
     target, drafter = stdlib_pair()
@@ -59,8 +59,9 @@ def prompts(tokenizer, count: int, length: int | None = None) -> list[tuple[int,
 
 def ours(generator, prompt_ids, new_tokens: int, batch: int, sampling=None):
     """-> (seconds, output ids, per-request results), requests run `batch` at a time."""
-    from trtllm_dflash.request import Request
-    from trtllm_dflash.sampling import SamplingParams
+    from trtllm_dflash.engine.request import Request
+
+    from trtllm_dflash.sample.sampling import SamplingParams
 
     requests = [Request(p, new_tokens, sampling or SamplingParams(), ignore_eos=True) for p in prompt_ids]
     t0 = time.perf_counter()
@@ -107,7 +108,7 @@ def decode_per_token(results) -> float:
 
 
 def run_cases(spec, plain, hf, args) -> dict:
-    from trtllm_dflash.sampling import SamplingParams
+    from trtllm_dflash.sample.sampling import SamplingParams
 
     n, reps, one = args.max_new_tokens, args.repeats, prompts(spec.tokenizer, args.prompts)
     for g in (spec.generator, plain.generator):  # warm-up: first-call costs out of every measurement

@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 import torch
+from trtllm_dflash.engine.generator import Generator
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request, pooled_tau
 
 from trtllm_dflash import __version__
-from trtllm_dflash.compare import compare, run_one_by_one
-from trtllm_dflash.generator import Generator
+from trtllm_dflash.bench.compare import compare, run_one_by_one
 from trtllm_dflash.models.drafter import DFlashDrafter
 from trtllm_dflash.pairs import held_out_texts, stdlib_pair
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request, pooled_tau
 from trtllm_dflash.speculative import DFlashProposer
 
 OUT = Path(__file__).parent / "results" / "cpu_dflash_vs_plain.json"

@@ -45,18 +45,18 @@ def engine_and_cost(root: Path):
 
 
 def prompts(engine: Path, count: int) -> list[tuple[int, ...]]:
-    from trtllm_dflash.checkpoint import load_tokenizer
-    from trtllm_dflash.pairs import held_out_texts
+    from trtllm_dflash.checkpoint.hf import load_tokenizer
+    from trtllm_dflash.engine.loader import read_torch_manifest
 
-    from trtllm_dflash.engine import read_torch_manifest
+    from trtllm_dflash.pairs import held_out_texts
 
     tokenizer = load_tokenizer(engine / read_torch_manifest(engine).tokenizer)
     return [tuple(tokenizer.encode(t, add_special_tokens=False)) for t in held_out_texts(count)]
 
 
 def run(pipelines, engine: Path, decoding: str, ids) -> dict:
-    from trtllm_dflash.draft_length.settings import make_policy
-    from trtllm_dflash.request import Request
+    from trtllm_dflash.engine.draft_len import make_policy
+    from trtllm_dflash.engine.request import Request
 
     generator = pipelines["plain" if decoding == "plain" else "dflash"].generator
     if decoding != "plain":  # a fresh policy per request: what one `dflash-generate` run starts from
@@ -133,8 +133,9 @@ def blocks(pipeline, all_ids, lens=(1, 2, 4, 8, 15)) -> dict:
     """Accepted drafts per drafting step at fixed k: drafting k+1 tokens ('prefix') or the whole block ('full')."""
     from dataclasses import replace
 
+    from trtllm_dflash.engine.request import Request
+
     from trtllm_dflash.draft_length.policy import FixedDraftLen
-    from trtllm_dflash.request import Request
 
     generator, proposer, out = pipeline.generator, pipeline.generator.proposer, {}
     full = proposer.propose
@@ -167,8 +168,8 @@ def main(argv=None) -> None:
     if args.prompts < 1 or args.repeats < 1:
         raise SystemExit(f"--prompts and --repeats must be at least 1, got {args.prompts} and {args.repeats}")
     torch.set_num_threads(args.threads)
-    from trtllm_dflash.draft_length.calibrate import device_name
-    from trtllm_dflash.engine import load_engine
+    from trtllm_dflash.engine.calibrate import device_name
+    from trtllm_dflash.engine.loader import load_engine
 
     with tempfile.TemporaryDirectory() as tmp:
         engine, _ = engine_and_cost(Path(tmp))

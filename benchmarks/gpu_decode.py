@@ -12,7 +12,7 @@ requests held at --context committed tokens:
   dflash_step_s   a step drafting 15 tokens and verifying the 16-token block
   drafter_s       the drafter's part of that step (timed around the proposer)
   verify_s        dflash_step_s - drafter_s (target verify, acceptance, commit)
-medians of --repeats, synchronised around each timed call, for each step mode (trtllm_dflash/step_mode.py:
+medians of --repeats, synchronised around each timed call, for each step mode (trtllm_dflash/compilation/step_mode.py:
 eager, and cuda-graphs: the passes compiled and replayed as CUDA graphs, compiled at the warm-up, which is
 timed and reported as compile_s). Roofline: bytes of the target's weights read by a step (all but the
 embedding table) / device copy bandwidth (a 2 GiB copy, read + write), the time a batch-1 step cannot beat.
@@ -62,12 +62,13 @@ def random_checkpoint(model_cls, cfg, device, dtype) -> dict[str, torch.Tensor]:
 
 
 def build(shape: dict, drafter_layers: int, device: str, dtype):
-    from trtllm_dflash.config import DrafterConfig, TargetConfig
-    from trtllm_dflash.generator import Generator
-    from trtllm_dflash.loading import drafter_from_tensors, target_from_tensors
+    from trtllm_dflash.checkpoint.loader import drafter_from_tensors, target_from_tensors
+    from trtllm_dflash.config.model import DrafterConfig, TargetConfig
+    from trtllm_dflash.engine.generator import Generator
+
+    from trtllm_dflash.distributed.parallel import SINGLE
     from trtllm_dflash.models.drafter import DFlashDrafter
     from trtllm_dflash.models.target import TargetModel
-    from trtllm_dflash.parallel import SINGLE
     from trtllm_dflash.speculative import DFlashProposer
 
     t_raw, d_raw = configs(shape, drafter_layers)
@@ -119,7 +120,8 @@ def step_bytes(target) -> int:
 
 def set_mode(generator, mode: str, device: str) -> float:
     """-> seconds the mode's warm-up took (compiling every graph; 0 for eager)."""
-    from trtllm_dflash.step_mode import StepMode, compile_step_shapes
+    from trtllm_dflash.compilation.step_mode import StepMode
+    from trtllm_dflash.engine.warmup import compile_step_shapes
 
     generator.set_step_mode(StepMode.resolve(mode, device))
     if not generator.step_mode.compiled:
@@ -131,7 +133,7 @@ def set_mode(generator, mode: str, device: str) -> float:
 
 
 def measure(generator, device: str, batch: int, context: int, repeats: int) -> dict:
-    from trtllm_dflash.request import Request
+    from trtllm_dflash.engine.request import Request
 
     drafter_times: list[float] = []
     propose = generator.proposer.propose

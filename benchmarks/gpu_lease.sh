@@ -24,7 +24,7 @@ seconds=${1:-540}
 out=${2:-${OUT:-benchmarks/results/gpu}}
 mkdir -p "$out"
 site=$(mktemp -d)
-cp -r trtllm_dflash "$site/" && cp -r plugins "$site/trtllm_dflash/plugins" || exit 1
+cp -r trtllm_dflash "$site/" || exit 1
 export PYTHONUNBUFFERED=1 PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 left() { echo $((seconds - ($(date +%s) - start))); }

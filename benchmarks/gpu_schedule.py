@@ -69,7 +69,7 @@ def choose(cost, a: float, context: int, max_draft_len: int) -> list[dict]:
 def calibrated_schedule(generator, max_batch: int, context: int, tau: float, repeats: int) -> dict:
     """Calibrate the generator's steps (allocated here for max_batch requests of context tokens) and choose the
     schedule for tau: the JSON record's measured part, with "schedule" as {batch: draft length}."""
-    from trtllm_dflash.draft_length.calibrate import CalibrationPlan, measure
+    from trtllm_dflash.engine.calibrate import CalibrationPlan, measure
 
     max_draft_len = BLOCK - 1
     generator.allocate(max_batch, context + 2 * BLOCK + 2, BLOCK)
@@ -123,7 +123,7 @@ def record_of(measured: dict, tiny: bool, dtype, compile_s: float, wall_s: float
 
 def write(out: Path, record: dict) -> None:
     """The JSON record, and the schedule as TensorRT-LLM's YAML beside it."""
-    from trtllm_dflash.draft_len_schedule import DraftLenSchedule, write_schedule
+    from trtllm_dflash.draft_length.schedule import DraftLenSchedule, write_schedule
 
     schedule = DraftLenSchedule(tuple((int(b), k) for b, k in record["schedule"].items()),
                                 f"benchmarks/gpu_schedule.py on {record['device']}, tau {record['tau']}")

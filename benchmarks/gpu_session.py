@@ -97,15 +97,16 @@ class Session:
             self.save()
 
     def graph_key(self, mode: str) -> dict:
-        from trtllm_dflash.draft_length.calibrate import device_name
-        from trtllm_dflash.graph_store import triton_version
+        from trtllm_dflash.engine.calibrate import device_name
+
+        from trtllm_dflash.compilation.graph_store import triton_version
 
         return {"device": device_name(torch.device(self.args.device)), "torch": torch.__version__,
                 "triton": triton_version(), "shapes": "tiny" if self.args.tiny else "qwen3-8b", "step_mode": mode}
 
     def load_graphs(self, mode: str) -> bool:
         """--graphs DIR: a set an earlier run stored (graph_store.py; an engine's are stored the same way)."""
-        from trtllm_dflash.graph_store import ArtefactError, GraphStore
+        from trtllm_dflash.compilation.graph_store import ArtefactError, GraphStore
 
         if not self.args.graphs or mode == "eager":
             return False
@@ -117,7 +118,7 @@ class Session:
             return False
 
     def store_graphs(self, mode: str, loaded: bool, compile_s: float) -> None:
-        from trtllm_dflash.graph_store import GraphStore, inductor_cache_dir
+        from trtllm_dflash.compilation.graph_store import GraphStore, inductor_cache_dir
 
         if self.args.graphs and mode != "eager" and not loaded:
             where = GraphStore(Path(self.args.graphs)).save(self.graph_key(mode), inductor_cache_dir(), compile_s)

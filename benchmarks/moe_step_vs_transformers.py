@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 
 import torch
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash import __version__
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 
 OUT = Path(__file__).parent / "results" / "moe_step_vs_transformers.json"
 COMMON = dict(vocab_size=2048, hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,

@@ -61,7 +61,7 @@ def median_s(fn, device: str, repeats: int) -> float:
 
 def scattered_cache(shape: dict, batch: int, capacity: int, device: str, dtype, g):
     """The runtime's KVCache (every layer full) over a block table whose rows' blocks lie at random in the pool."""
-    from trtllm_dflash.kv_cache import KVCache, LayerCacheSpec
+    from trtllm_dflash.cache.kv_cache import KVCache, LayerCacheSpec
 
     table = scattered_table(batch, capacity, device, g)
     cache = KVCache([LayerCacheSpec()] * shape["layers"], batch, shape["kv_heads"], capacity, shape["head_dim"],

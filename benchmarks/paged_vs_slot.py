@@ -36,11 +36,11 @@ NEW_TOKENS = 64
 def probe(threads: int) -> dict:
     """Run inside one tree: every case once after a warm-up -> {case: {"s_per_token", "ids"}}."""
     import torch
+    from trtllm_dflash.engine.pipeline import load_pipeline
+    from trtllm_dflash.engine.request import Request
 
     from trtllm_dflash.draft_length.policy import FixedDraftLen
     from trtllm_dflash.pairs import held_out_texts, stdlib_pair
-    from trtllm_dflash.pipeline import load_pipeline
-    from trtllm_dflash.request import Request
 
     torch.set_num_threads(threads)
     pipeline = load_pipeline(*stdlib_pair())

@@ -123,9 +123,10 @@ def prompt_sets(tokenizer, quick: bool) -> dict[str, list[str]]:
 def served_engine(root: Path, max_batch: int, made_by: str):
     """The benchmark's engine (built-in pair, float32, max_seq_len 1280) under root/engine, its step cost
     calibrated where serving looks; -> (engine dir, cost model)."""
+    from trtllm_dflash.engine.draft_len import calibrate_engine
+
     from trtllm_dflash.builder.builder import build_engine
     from trtllm_dflash.builder.spec import BuildSpec
-    from trtllm_dflash.draft_length.settings import calibrate_engine
     from trtllm_dflash.pairs import stdlib_pair
 
     target, drafter = stdlib_pair()
@@ -141,7 +142,8 @@ def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int,
     under root (default: decoding); package: a directory put first on the model file's sys.path, to serve that
     copy of trtllm_dflash (the Python backend stub's interpreter ignores PYTHONPATH); settings: further
     `ServeSettings` fields (prefix_caching, max_num_tokens, ...)."""
-    from trtllm_dflash.engine import free_port
+    from trtllm_dflash.engine.loader import free_port
+
     from trtllm_dflash.serve.locate import find_tritonserver
     from trtllm_dflash.serve.repository import ServeSettings, write_repository
     from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready

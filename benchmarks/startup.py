@@ -56,7 +56,7 @@ def generate(engine: Path, mode: str, device: str, threads: int, cache: Path) ->
 
 def serve(engine: Path, mode: str, threads: int, cache: Path, work: Path) -> tuple[float, str]:
     """-> (seconds until ready, the server's stderr up to then); the server is stopped after."""
-    from trtllm_dflash.engine import free_port
+    from trtllm_dflash.engine.loader import free_port
 
     ports = [str(free_port()) for _ in range(3)]
     log = work / f"serve-{time.monotonic_ns()}.log"
@@ -89,7 +89,8 @@ def random_pair(shapes: str, work: Path, device: str) -> tuple[Path, Path, str]:
 
     sys.path.insert(0, str(Path(__file__).parent))
     from gpu_decode import QWEN3_8B, TINY, configs, random_checkpoint
-    from trtllm_dflash.config import DrafterConfig, TargetConfig
+    from trtllm_dflash.config.model import DrafterConfig, TargetConfig
+
     from trtllm_dflash.models.drafter import DFlashDrafter
     from trtllm_dflash.models.target import TargetModel
 
@@ -163,12 +164,12 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     modes = (args.step_modes or ("cuda-graphs,compile" if cuda else "compile")).split(",")
     sys.path.insert(0, str(ROOT))
+    import torch
+    from trtllm_dflash.engine.calibrate import device_name
+
     from trtllm_dflash.builder.builder import build_engine
     from trtllm_dflash.builder.spec import BuildSpec
-    from trtllm_dflash.draft_length.calibrate import device_name
     from trtllm_dflash.pairs import stdlib_pair
-
-    import torch
 
     work = Path(tempfile.mkdtemp(prefix="dflash-startup-"))
     target, drafter, dtype = stdlib_pair() + ("float32",) if args.shapes == "builtin" else random_pair(

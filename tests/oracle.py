@@ -126,8 +126,9 @@ def reference_dflash_greedy(hf, drafter: ReferenceDrafter, prompt: list[int], n:
 
 def held_out_ids(target, count: int) -> list[list[int]]:
     """Token ids of `count` held-out stdlib snippets (trtllm_dflash.pairs.held_out_texts), by `target`'s tokenizer."""
+    from trtllm_dflash.engine.pipeline import load_pipeline
+
     from trtllm_dflash.pairs import held_out_texts
-    from trtllm_dflash.pipeline import load_pipeline
 
     tokenizer = load_pipeline(target).tokenizer
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in held_out_texts(count)]

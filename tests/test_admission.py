@@ -3,16 +3,15 @@
 import time
 
 import pytest
+from test_serve_offline import FakeResponder, wait_final
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.draft_length.policy import FixedDraftLen
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 from trtllm_dflash.serve.admission import RATE_MIN, AdmissionGate, AdmissionSettings, fixed_cost
 from trtllm_dflash.serve.loop import ServeRequest, ServingLoop
 from trtllm_dflash.serve.repository import ServeSettings
-
-from test_serve_offline import FakeResponder, wait_final
+from trtllm_dflash.utils.errors import DFlashError
 
 
 def gate_at_rate(fixed_s: float, rate: float, max_wait_s: float = 10.0) -> AdmissionGate:
@@ -194,7 +193,7 @@ def test_the_probes_fit_a_small_kv_pool_and_never_hit_the_prefix_cache(builtin):
     """A pool (--kv-cache-gib) smaller than PROBE_ROWS probes at once: fewer rows are probed, none is refused; the
     probes' prompts are alike, so prefix caching is set aside while they run (each one prefills all of its prompt)
     and restored after."""
-    from trtllm_dflash.kv_cache import blocks_for
+    from trtllm_dflash.cache.kv_cache import blocks_for
     from trtllm_dflash.serve.admission import PROBE_TOKENS
 
     gen = load_pipeline(*builtin).generator

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trtllm_dflash.kv_cache import KVCache, LayerCacheSpec
+from trtllm_dflash.cache.kv_cache import KVCache, LayerCacheSpec
 from trtllm_dflash.models.attention import AttentionSpec, ForwardContext
 
 H, HKV, D = 4, 2, 8

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 from safetensors.torch import load_file, save_file
-
 from tiny_models import drafter_config, drafter_weights, write_drafter
+
 from trtllm_dflash.cli.generate import main
 
 

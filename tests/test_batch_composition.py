@@ -10,13 +10,13 @@ mix of plain and drafting steps does not depend on this machine's timing).
 
 import pytest
 import torch
-
 from oracle import held_out_ids, hf_greedy
+from test_draft_length_runtime import pair  # noqa: F401 (the shipped pair, a module fixture)
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.draft_length.cost import CostModel
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, FixedDraftLen
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
-from test_draft_length_runtime import pair  # noqa: F401 (the shipped pair, a module fixture)
 
 NEW_TOKENS = 40
 PROMPTS = 16

@@ -10,6 +10,7 @@ import json
 
 from test_bench_openai import LoopbackServer, read_jsonl
 from test_bench_prompts import byte_tokenizer
+
 from trtllm_dflash.bench.spec import SweepSpec
 from trtllm_dflash.bench.sweep import run_sweep
 

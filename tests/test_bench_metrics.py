@@ -313,7 +313,7 @@ def test_client_monitor_flags_a_blocked_event_loop():
 
 
 def test_a_prompt_that_cannot_be_made_ends_the_phase_with_its_error():
-    from trtllm_dflash.errors import DFlashError
+    from trtllm_dflash.utils.errors import DFlashError
 
     class Failing(Prompts):
         def get(self, i):

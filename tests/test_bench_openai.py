@@ -6,12 +6,12 @@ import re
 import threading
 
 import pytest
-
 from test_bench_prompts import byte_tokenizer
+from trtllm_dflash.engine.loader import free_port
+
 from trtllm_dflash.bench.spec import SweepSpec
 from trtllm_dflash.bench.sweep import run_sweep
 from trtllm_dflash.cli.bench import main
-from trtllm_dflash.engine import free_port
 
 pytest.importorskip("aiohttp")
 

@@ -8,7 +8,7 @@ import pytest
 
 from trtllm_dflash.bench.prompts import PromptSource, count_tokens, read_dataset
 from trtllm_dflash.bench.tokenizer import resolve_tokenizer
-from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.utils.errors import DFlashError
 
 CHAT = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -122,7 +122,7 @@ def test_chat_messages_need_a_chat_template(tmp_path):
 
 
 def test_tokenizer_from_an_engine_directory_records_its_manifest(tmp_path):
-    from trtllm_dflash.builder.manifest import Manifest, sha256_file
+    from trtllm_dflash.config.manifest import Manifest, sha256_file
 
     engine = tmp_path / "engine"
     byte_tokenizer(engine / "tokenizer")

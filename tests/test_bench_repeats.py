@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from trtllm_dflash.bench.repeats import markdown, ratio_rows
-from trtllm_dflash.bench.report import X, Y, Run
+from trtllm_dflash.bench.report import Run, X, Y
 
 
 def run(label: str, points: list[tuple[float, float]]) -> Run:

@@ -6,7 +6,7 @@ import pytest
 
 from trtllm_dflash.bench.spec import LoadPoint, SweepSpec
 from trtllm_dflash.cli.bench import main
-from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.utils.errors import DFlashError
 
 PRESETS = Path(__file__).parent.parent / "benchmarks" / "presets"
 SERVER = {"url": "http://h:8000", "model": "m"}

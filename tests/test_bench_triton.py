@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from test_serve_triton import serving
-from trtllm_dflash.builder.manifest import sha256_file
+from trtllm_dflash.config.manifest import sha256_file
+
 from trtllm_dflash.cli.bench import main
 
 pytest.importorskip("tritonclient")

@@ -10,14 +10,14 @@ import torch
 import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
-
 from tiny_models import add_tokenizer, drafter_config, make_hf_target, write_drafter
+from trtllm_dflash.checkpoint.loader import check_weights
+from trtllm_dflash.config.manifest import Manifest
+from trtllm_dflash.config.model import DrafterConfig
+
 from trtllm_dflash.builder import builder
-from trtllm_dflash.builder.manifest import Manifest
 from trtllm_dflash.builder.trtllm_fields import check_options
 from trtllm_dflash.cli.build import main as build_main
-from trtllm_dflash.config import DrafterConfig
-from trtllm_dflash.loading import check_weights
 from trtllm_dflash.models.drafter import DFlashDrafter
 
 PROMPTS = ["5,9,13,2,77,31,8", "40,41,42,43,44,45,46,47,48,49,50,51"]  # short, and longer than a block
@@ -79,8 +79,8 @@ def test_tp2_engine_keeps_real_acceptance(builtin, tmp_path):
 
 
 def test_engine_shards_reassemble_to_the_original(pairs, tmp_path):
-    from trtllm_dflash.config import TargetConfig, read_config_json
-    from trtllm_dflash.sharding import unshard_state
+    from trtllm_dflash.checkpoint.sharding import unshard_state
+    from trtllm_dflash.config.model import TargetConfig, read_config_json
 
     target, drafter = pairs["qwen3-kv1"]
     build("--target", target, "--drafter", drafter, "--output", tmp_path / "e", "--tp", 2, "--dtype", "float32")
@@ -96,10 +96,11 @@ def test_engine_shards_reassemble_to_the_original(pairs, tmp_path):
 
 @pytest.mark.parametrize("heads, kv_heads, vocab, world", [(4, 2, 98, 4), (4, 1, 96, 2), (8, 8, 101, 2), (4, 4, 96, 1)])
 def test_shard_then_unshard_is_identity(heads, kv_heads, vocab, world):
-    from trtllm_dflash.config import TargetConfig
+    from trtllm_dflash.checkpoint.sharding import shard_state, unshard_state
+    from trtllm_dflash.config.model import TargetConfig
+
+    from trtllm_dflash.distributed.parallel import Parallel
     from trtllm_dflash.models.target import TargetModel
-    from trtllm_dflash.parallel import Parallel
-    from trtllm_dflash.sharding import shard_state, unshard_state
 
     cfg = TargetConfig.from_dict({"model_type": "qwen3", "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64,
                                   "num_hidden_layers": 2, "num_attention_heads": heads,
@@ -421,7 +422,7 @@ def test_killed_build_is_swept_by_the_next(pairs, tmp_path):
     import os
     import signal
 
-    from trtllm_dflash.builder.output import start_time
+    from trtllm_dflash.utils.output_dir import start_time
 
     target, drafter = pairs["qwen3"]
     proc, tmp = start_slow_build(tmp_path, target, drafter, tmp_path / "out")

@@ -5,12 +5,12 @@ import re
 
 import pytest
 import torch
-
 from tiny_models import drafter_config, drafter_weights, write_drafter
-from trtllm_dflash.config import DrafterConfig, RopeConfig, TargetConfig, default_target_layer_ids
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.loading import load_drafter
+from trtllm_dflash.checkpoint.loader import load_drafter
+from trtllm_dflash.config.model import DrafterConfig, RopeConfig, TargetConfig, default_target_layer_ids
+
 from trtllm_dflash.models.layers import rope_inv_freq
+from trtllm_dflash.utils.errors import DFlashError
 
 # The published Qwen3-8B drafter's config.json (z-lab), as documented in shared/reference/dflash.md.
 PUBLISHED_QWEN3_8B = {

@@ -6,14 +6,14 @@ import sys
 
 import pytest
 import torch
+from trtllm_dflash.checkpoint.loader import load_target
+from trtllm_dflash.config.model import DrafterConfig
+from trtllm_dflash.engine.generator import Generator
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.builtin import DRAFTER, held_out_prompts
-from trtllm_dflash.config import DrafterConfig
-from trtllm_dflash.loading import load_target
-from trtllm_dflash.generator import Generator
 from trtllm_dflash.models.drafter import DFlashDrafter
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 from trtllm_dflash.speculative import DFlashProposer
 
 KEYS = {"output_ids", "acceptance_lengths", "tau", "ttft_s", "tpot_s", "tokens_per_s", "text"}
@@ -71,9 +71,9 @@ def test_fitted_drafter_accepts_far_more_than_an_untrained_one(builtin):
 def test_shipped_pair_is_exact_and_accepts():
     """`builtin` is the shipped stdlib pair: greedy DFlash equals transformers' greedy decoding on a
     held-out prompt, and its drafter is accepted (tau well above an untrained drafter's 1)."""
+    from oracle import hf_greedy
     from transformers import AutoModelForCausalLM
 
-    from oracle import hf_greedy
     from trtllm_dflash.pairs import held_out_texts, stdlib_pair
 
     text = held_out_texts(1)[0]

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 from tiny_models import add_tokenizer, drafter_config, make_hf_target, write_drafter
+from trtllm_dflash.config.manifest import Manifest
 
-from trtllm_dflash.builder.manifest import Manifest
-from trtllm_dflash.graph_store import GRAPHS, INDEX, KERNELS, ArtefactError, GraphStore
+from trtllm_dflash.compilation.graph_store import GRAPHS, INDEX, KERNELS, ArtefactError, GraphStore
 
 PROMPTS = [((5, 6, 7), 20), ((9, 8), 12)]
 # a fresh process: load the engine, note the counters, generate, note them again
@@ -24,9 +24,9 @@ PROBE = """
 import json, sys, torch
 torch.set_num_threads(1)
 from torch._dynamo.utils import counters
-from trtllm_dflash.engine import load_engine
-from trtllm_dflash.graph_store import inductor_counts
-from trtllm_dflash.request import Request
+from trtllm_dflash.engine.loader import load_engine
+from trtllm_dflash.compilation.graph_store import inductor_counts
+from trtllm_dflash.engine.request import Request
 pipeline = load_engine(sys.argv[1], step_mode="compile", max_batch=json.loads(sys.argv[3]))
 loaded = [inductor_counts(), counters["stats"]["unique_graphs"]]
 out = pipeline.generator.generate([Request(p, n, ignore_eos=True) for p, n in json.loads(sys.argv[2])])
@@ -60,8 +60,8 @@ def engine(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def eager_ids(engine):
-    from trtllm_dflash.engine import load_engine
-    from trtllm_dflash.request import Request
+    from trtllm_dflash.engine.loader import load_engine
+    from trtllm_dflash.engine.request import Request
 
     generator = load_engine(engine, step_mode="eager").generator
     return [r.output_ids for r in generator.generate([Request(p, n, ignore_eos=True) for p, n in PROMPTS])]
@@ -163,7 +163,7 @@ def test_unusable_sets_raise_artefact_error_and_load_nothing(tmp_path):
 
 
 def test_a_kernel_archive_may_only_hold_libraries_below_the_cache(tmp_path):
-    from trtllm_dflash.graph_store import unpack_kernels
+    from trtllm_dflash.compilation.graph_store import unpack_kernels
 
     (tmp_path / "evil.so").write_bytes(b"x")
     with tarfile.open(tmp_path / KERNELS, "w") as tar:

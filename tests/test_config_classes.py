@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-
 from tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter
+from trtllm_dflash.config.model import TargetConfig
+from trtllm_dflash.engine.loader import generate_with_engine
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.cli.build import main as build_main
-from trtllm_dflash.config import TargetConfig
-from trtllm_dflash.engine import generate_with_engine
-from trtllm_dflash.request import Request
 
 PROMPTS = [list(range(3, 15)), [7, 50, 2, 9, 33]]
 NEW = 12
@@ -101,7 +101,7 @@ def test_fields_the_file_omits_take_the_class_default(model_type, field, value):
     ({"model_type": "qwen3_5_moe", "text_config": "x"}, "needs a 'text_config' object, got 'x'"),
 ])
 def test_a_value_the_class_refuses_is_one_line_naming_it(data, message):
-    from trtllm_dflash.errors import DFlashError
+    from trtllm_dflash.utils.errors import DFlashError
 
     with pytest.raises(DFlashError, match=message):
         TargetConfig.from_dict(data, "config.json")

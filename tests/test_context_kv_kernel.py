@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from trtllm_dflash.kv_cache import BLOCK, BlockTable
+from trtllm_dflash.cache.kv_cache import BLOCK, BlockTable
 from trtllm_dflash.plugins.context_kv import ContextKVWeights
 from trtllm_dflash.plugins.context_kv.op import write_context_kv
 from trtllm_dflash.plugins.context_kv.reference import context_kv_reference, project_context_kv

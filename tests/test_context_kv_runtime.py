@@ -4,11 +4,11 @@ unfused path (same acceptance: the drafter read the same context) and transforme
 import pytest
 import torch
 from oracle import hf_greedy
+from trtllm_dflash.engine.generator import Generator
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.builtin import held_out_prompts
-from trtllm_dflash.generator import Generator
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 from trtllm_dflash.speculative import DFlashProposer
 
 

@@ -15,11 +15,11 @@ import warnings
 
 import pytest
 import torch
-
 from test_step_mode import Cycle, pair, prompts  # noqa: F401 (the same pair, prompts and draft-length cycle)
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.draft_length.policy import FixedDraftLen
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 MODES = ("eager", "compile", "cuda-graphs")

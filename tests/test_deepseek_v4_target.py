@@ -12,19 +12,26 @@ import re
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from host_traffic import host_traffic_of_steps
+from safetensors.torch import load_file, save_file
 from test_hybrid_target import ScriptedProposer, scripted_results
-from tiny_models import DEEPSEEK_V4, VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_deepseek_v4, \
-    write_drafter
-from trtllm_dflash.config import TargetConfig
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.loading import load_target
+from tiny_models import (
+    DEEPSEEK_V4,
+    VOCAB,
+    add_tokenizer,
+    drafter_config,
+    hf_generate,
+    make_hf_deepseek_v4,
+    write_drafter,
+)
+from trtllm_dflash.checkpoint.loader import load_target
+from trtllm_dflash.config.model import TargetConfig
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.models.attention import ForwardContext
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
-from trtllm_dflash.step_mode import StepMode, StepShapes
+from trtllm_dflash.utils.errors import DFlashError
 
 PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
 N = 40
@@ -245,8 +252,9 @@ def test_fp8_scales_of_the_wrong_shape_name_the_weight(dsv4, tmp_path):
 
 def test_torch_engine_equals_transformers(dsv4, drafter, tmp_path):
     """dflash-build --backend torch, verified, then DFlash generation from the engine equals transformers."""
+    from trtllm_dflash.engine.loader import generate_with_engine
+
     from trtllm_dflash.cli.build import main as build_main
-    from trtllm_dflash.engine import generate_with_engine
 
     hf, path, expected = dsv4
     out = tmp_path / "engine"
@@ -261,10 +269,11 @@ def test_tp2_engine_equals_transformers(dsv4, drafter, tmp_path):
     """dflash-build --backend torch at TP=2 (experts and the shared expert split, attention with its compressors
     and indexer replicated, as transformers' tp plan has it), generated on two ranks (gloo on loopback): DFlash output
     equals transformers', and the rank shards reassemble to the checkpoint as loaded."""
-    from trtllm_dflash.checkpoint_layout import target_tensors
+    from trtllm_dflash.checkpoint.layout import target_tensors
+    from trtllm_dflash.checkpoint.sharding import unshard_state
+    from trtllm_dflash.engine.loader import generate_with_engine
+
     from trtllm_dflash.cli.build import main as build_main
-    from trtllm_dflash.engine import generate_with_engine
-    from trtllm_dflash.sharding import unshard_state
 
     hf, path, expected = dsv4
     out = tmp_path / "tp2"

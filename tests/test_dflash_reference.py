@@ -4,14 +4,14 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from oracle import ReferenceDrafter, reference_dflash_greedy
+from safetensors.torch import load_file
 from test_draft_length_runtime import Scripted
 from tiny_models import drafter_config, write_drafter
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.builtin import held_out_prompts
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 
 
 def recording(proposer):

@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-TOP = ("trtllm_dflash", "benchmarks", "tests", "docs", "tools", "docker", "plugins", "triton_repo", "engines", ".ci")
+TOP = ("trtllm_dflash", "benchmarks", "tests", "docs", "tools", "docker", "triton_repo", "engines", ".ci")
 PATH = re.compile(r"^(?:%s)/[\w./*\-]*$|^(?:README\.md|Makefile|pyproject\.toml)$" % "|".join(re.escape(t) for t in TOP))
 SHELL = {"", "bash", "sh", "shell", "console"}
 FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```", re.M | re.S)

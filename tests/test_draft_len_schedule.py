@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from trtllm_dflash.draft_len_schedule import DraftLenSchedule, read_schedule, write_schedule
-from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.draft_length.schedule import DraftLenSchedule, read_schedule, write_schedule
+from trtllm_dflash.utils.errors import DFlashError
 
 
 def test_round_trip_and_lookup(tmp_path):

@@ -13,10 +13,18 @@ import pytest
 from trtllm_dflash.draft_length.acceptance import AcceptanceModel, AcceptanceSettings, context_buckets
 from trtllm_dflash.draft_length.cost import CostModel, interpolate, monotone
 from trtllm_dflash.draft_length.newcomers import NewcomerBackoff
-from trtllm_dflash.draft_length.policy import (DRAFT_KEPT_STEPS, MIN_GAIN, PLAIN_ONLY_AFTER, BatchView,
-                                               CostBasedDraftLen, FixedDraftLen, ProbeSettings, ScheduledDraftLen)
-from trtllm_dflash.draft_len_schedule import DraftLenSchedule
-from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.draft_length.policy import (
+    DRAFT_KEPT_STEPS,
+    MIN_GAIN,
+    PLAIN_ONLY_AFTER,
+    BatchView,
+    CostBasedDraftLen,
+    FixedDraftLen,
+    ProbeSettings,
+    ScheduledDraftLen,
+)
+from trtllm_dflash.draft_length.schedule import DraftLenSchedule
+from trtllm_dflash.utils.errors import DFlashError
 
 K = 15
 

@@ -4,17 +4,23 @@ import itertools
 
 import pytest
 import torch
-
 from oracle import held_out_ids, hf_greedy
-from trtllm_dflash.draft_length.calibrate import (PLAIN_LEAD_STEPS, CalibrationCache, CalibrationPlan,
-                                                  calibration_key, calibrator, measure)
+from trtllm_dflash.engine.calibrate import (
+    PLAIN_LEAD_STEPS,
+    CalibrationCache,
+    CalibrationPlan,
+    calibration_key,
+    calibrator,
+    measure,
+)
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.cache.block_pool import default_blocks
+from trtllm_dflash.compilation.step_mode import StepMode
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.paging import default_blocks
 from trtllm_dflash.pairs import stdlib_pair
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
-from trtllm_dflash.step_mode import StepMode
+from trtllm_dflash.utils.errors import DFlashError
 
 
 class Scripted(DraftLenPolicy):
@@ -300,7 +306,7 @@ def test_plain_only_rows_beside_drafting_ones_sample_as_they_would_alone(pair, p
     (each row's uniforms are its own, so speculative sampling of the mixed step is each row's own: lossless as
     the plain and the drafting step are). Either row greedy, the other sampled, too (the mixed step then carries
     one-hot proposals for greedy drafting rows)."""
-    from trtllm_dflash.sampling import SamplingParams
+    from trtllm_dflash.sample.sampling import SamplingParams
 
     def params(on, seed):
         return SamplingParams(1.0, seed=seed) if on else SamplingParams()
@@ -527,7 +533,7 @@ def test_a_drafting_step_writes_the_prompts_deferred_context_before_its_timer_an
     which no step model prices); the plain steps' deferred context is part of the drafting step that needs it."""
     import time
 
-    import trtllm_dflash.generator as generator_module
+    import trtllm_dflash.engine.generator as generator_module
 
     gen = load_pipeline(*pair).generator
     gen.proposer = writes = RecordingWrites(gen.proposer)

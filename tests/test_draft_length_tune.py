@@ -4,10 +4,10 @@ import json
 
 import pytest
 
+from trtllm_dflash.bench.tune import read_table, schedule_from
 from trtllm_dflash.cli.bench import main
-from trtllm_dflash.draft_len_schedule import read_schedule
-from trtllm_dflash.draft_length.tune import read_table, schedule_from
-from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.draft_length.schedule import read_schedule
+from trtllm_dflash.utils.errors import DFlashError
 
 
 def write_run(path, throughput: dict[int, float], draft_len_mean=None, failed=0):

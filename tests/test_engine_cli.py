@@ -43,13 +43,13 @@ def test_a_request_past_the_engines_max_seq_len_is_refused(engine):
 
 WARM_UP = """
 import json, sys
-from trtllm_dflash.request import Request
+from trtllm_dflash.engine.request import Request
 if sys.argv[1] == "engine":
-    from trtllm_dflash.engine import load_engine
+    from trtllm_dflash.engine.loader import load_engine
     pipeline = load_engine(sys.argv[2])
 else:
     from trtllm_dflash.pairs import stdlib_pair
-    from trtllm_dflash.pipeline import load_pipeline
+    from trtllm_dflash.engine.pipeline import load_pipeline
     pipeline = load_pipeline(*stdlib_pair())
 loaded = set(sys.modules)
 result = pipeline.generator.generate([Request((5, 6, 7), 8, ignore_eos=True)])[0]
@@ -106,7 +106,7 @@ def test_bad_step_mode_is_one_line_and_exit_2(engine, value, message):
 
 def test_serve_passes_threads_to_the_triton_model(engine, tmp_path):
     from trtllm_dflash.serve.repository import validate_pbtxt
-    from trtllm_dflash.threads import default_threads
+    from trtllm_dflash.utils.threads import default_threads
 
     def threads_param(*extra, **kw):
         repo = tmp_path / f"repo{len(extra)}"

@@ -11,19 +11,19 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file
-
 from host_traffic import host_traffic_of_steps
 from oracle import ReferenceDrafter, reference_dflash_greedy
+from safetensors.torch import load_file
 from test_hybrid_target import ScriptedProposer, scripted_results
 from tiny_models import GEMMA4_TEXT, VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_gemma4, write_drafter
-from trtllm_dflash.config import TargetConfig
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.loading import load_target
+from trtllm_dflash.checkpoint.loader import load_target
+from trtllm_dflash.config.model import TargetConfig
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.models.attention import ForwardContext
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
-from trtllm_dflash.step_mode import StepMode, StepShapes
+from trtllm_dflash.utils.errors import DFlashError
 
 PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
 N = 40
@@ -163,7 +163,7 @@ def test_cache_keeps_the_window_and_nothing_for_shared_layers(gemma):
     """Layers 0-3 compute K/V: sliding 0, 1, 3 in rings of window + block - 1 (and a spare) with head_dim 8,
     full layer 2 paged (pool blocks for the whole capacity of both rows, and a null block) with head_dim 16 and its
     one K/V head; layers 4 and 5 keep nothing."""
-    from trtllm_dflash.kv_cache import BLOCK, blocks_for
+    from trtllm_dflash.cache.kv_cache import BLOCK, blocks_for
 
     _, path, _ = gemma
     target = load_target(path).model
@@ -247,10 +247,11 @@ def test_tp2_engine_equals_transformers(gemma, drafter, tmp_path):
     """dflash-build --backend torch at TP=2 (heads, MLPs and experts split; the full layers' one K/V head
     replicated; per-layer embeddings and routers replicated), generated on two ranks (gloo on loopback). The rank
     shards reassemble to the checkpoint's language model."""
-    from trtllm_dflash.checkpoint_layout import target_tensors
+    from trtllm_dflash.checkpoint.layout import target_tensors
+    from trtllm_dflash.checkpoint.sharding import unshard_state
+    from trtllm_dflash.engine.loader import generate_with_engine
+
     from trtllm_dflash.cli.build import main as build_main
-    from trtllm_dflash.engine import generate_with_engine
-    from trtllm_dflash.sharding import unshard_state
 
     hf, path, expected = gemma
     out = tmp_path / "tp2"

@@ -2,13 +2,13 @@
 
 import pytest
 import torch
-
 from host_traffic import host_traffic_of_steps
 from oracle import hf_greedy
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.builtin import held_out_prompts
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
+from trtllm_dflash.utils.errors import DFlashError
 
 PROMPTS = [list(range(3, 15)), [7, 50, 2, 9], list(range(60, 90)), [11]]
 
@@ -98,7 +98,7 @@ def test_torch_bfloat16_runs(builtin):
 
 def test_greedy_rows_stay_exact_beside_sampled_rows(builtin):
     """One batch, per-request sampling settings: the greedy row is unaffected by its neighbours."""
-    from trtllm_dflash.sampling import SamplingParams
+    from trtllm_dflash.sample.sampling import SamplingParams
 
     pipe = load_pipeline(*builtin)
     prompts = held_out_prompts(3)
@@ -144,7 +144,7 @@ def test_running_requests_move_into_free_slots_below_them(builtin):
     run two rows read in place (no cache gathered every step, no junk rows). Drafting and plain steps both; the
     greedy row equals decoding alone, and the seeded sampled row draws what it draws alone."""
     from trtllm_dflash.draft_length.policy import FixedDraftLen
-    from trtllm_dflash.sampling import SamplingParams
+    from trtllm_dflash.sample.sampling import SamplingParams
 
     gen = load_pipeline(*builtin).generator
     prompts = held_out_prompts(4)
@@ -174,8 +174,8 @@ def test_a_decode_step_copies_nothing_from_the_host_and_reads_the_device_once(bu
     move a request into a free slot, nothing builds a tensor from host data and the device is read once per step
     (the emitted tokens: one [B, k + 2] copy); no .item(), .cpu(), .numpy() or Python conversion of a tensor.
     padded: the CUDA-graph step's shapes (rows, width and key span rounded up to buckets), eagerly."""
-    from trtllm_dflash.sampling import SamplingParams
-    from trtllm_dflash.step_mode import StepMode, StepShapes
+    from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
+    from trtllm_dflash.sample.sampling import SamplingParams
 
     gen = load_pipeline(*builtin).generator
     gen.set_step_mode(StepMode("eager", StepShapes(min_span=16) if padded else None))

@@ -40,7 +40,7 @@ def test_schedule_smoke_run_chooses_the_best_draft_length_per_batch(tmp_path):
     """benchmarks/gpu_schedule.py (tiny shapes, eager, on the CPU): the schedule it writes is a valid TensorRT-LLM
     schedule whose every step is the batch's best expected tokens/s, capped by the first, and the stated tau
     holds for the acceptance it solved for."""
-    from trtllm_dflash.draft_len_schedule import read_schedule
+    from trtllm_dflash.draft_length.schedule import read_schedule
 
     out = tmp_path / "gpu_schedule.json"
     run = subprocess.run([sys.executable, str(SCRIPT.with_name("gpu_schedule.py")), "--tiny", "--device", "cpu",
@@ -92,7 +92,7 @@ def test_schedules_at_other_acceptance_come_from_the_committed_h100_costs(tmp_pa
 def test_session_writes_both_scripts_records_from_one_build(tmp_path):
     """benchmarks/gpu_session.py (tiny, eager, CPU): gpu_schedule.py's and gpu_decode.py's records from one process,
     each in its script's format; a deadline already passed runs no mode and says so."""
-    from trtllm_dflash.draft_len_schedule import read_schedule
+    from trtllm_dflash.draft_length.schedule import read_schedule
 
     session = SCRIPT.with_name("gpu_session.py")
     run = subprocess.run([sys.executable, str(session), "--tiny", "--device", "cpu", "--step-modes", "eager",

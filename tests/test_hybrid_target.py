@@ -6,24 +6,23 @@ import json
 
 import pytest
 import torch
-
-from safetensors.torch import load_file
-
 from host_traffic import host_traffic_of_steps
+from safetensors.torch import load_file
 from tiny_models import MOE_FIELDS, VOCAB, add_tokenizer, hf_generate, make_hf_hybrid, write_drafter
+from trtllm_dflash.checkpoint.loader import load_target
+from trtllm_dflash.config.model import TargetConfig
+from trtllm_dflash.engine.generator import Generator
+from trtllm_dflash.engine.loader import generate_with_engine
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.builder.builder import build_engine
 from trtllm_dflash.builder.spec import BuildSpec
-from trtllm_dflash.config import TargetConfig
+from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.draft_length.policy import DraftLenPolicy
-from trtllm_dflash.engine import generate_with_engine
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.generator import Generator
-from trtllm_dflash.loading import load_target
 from trtllm_dflash.models.attention import ForwardContext
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 from trtllm_dflash.speculative.base import Proposer
-from trtllm_dflash.step_mode import StepMode, StepShapes
+from trtllm_dflash.utils.errors import DFlashError
 
 ATOL = 2e-5
 PROMPTS = [list(range(3, 15)), [7, 50, 2, 9, 33], list(range(60, 90))]
@@ -272,7 +271,7 @@ def tp_engines_give(path, expected, tmp_path) -> None:
 def test_tp2_engine_from_the_multimodal_checkpoint_is_exact(hybrid, tmp_path):
     """dflash-build torch engines at TP=1 and TP=2 (Gated DeltaNet heads and their state split over
     ranks): the language model alone, shards reassembling to its tensors, greedy output as transformers."""
-    from trtllm_dflash.sharding import unshard_state
+    from trtllm_dflash.checkpoint.sharding import unshard_state
 
     hf, path, expected = hybrid
     tp_engines_give(path, expected, tmp_path)
@@ -294,7 +293,8 @@ def test_sampled_output_follows_the_hybrid_targets_distribution(tmp_path):
     enumerated with transformers (tests/test_sampling.py's chi-square check, power-checked there)."""
     from test_sampling import PROMPT, V, chi_square_rejects, exact_distribution, sample
     from tiny_models import drafter_config
-    from trtllm_dflash.sampling import SamplingParams
+
+    from trtllm_dflash.sample.sampling import SamplingParams
 
     hf = make_hf_hybrid(tmp_path / "target", "text", seed=7, vocab_size=V, eos_token_id=None)
     with torch.no_grad():
@@ -311,9 +311,8 @@ def test_sampled_output_follows_the_hybrid_targets_distribution(tmp_path):
 
 
 def qwen3_next(path, **fields):
-    from transformers import AutoModelForCausalLM, Qwen3NextConfig
-
     from tiny_models import hybrid_text_config, randomize
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
 
     torch.manual_seed(6)
     hf = AutoModelForCausalLM.from_config(Qwen3NextConfig(**hybrid_text_config(), **fields),

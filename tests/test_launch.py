@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.serve.launch import LaunchSpec, Layout, write_launch_scripts
+from trtllm_dflash.utils.errors import DFlashError
 
 ENGINE, REPO = Path("/data/engines/qwen3-8b"), Path("/data/repo")
 SERVER = ("/opt/tritonserver/bin/tritonserver --model-repository /data/repo "

@@ -4,15 +4,15 @@ import json
 
 import pytest
 import torch
-
 from tiny_models import make_hf_target
-from trtllm_dflash.checkpoint import load_tensors
-from trtllm_dflash.checkpoint_layout import target_tensors
-from trtllm_dflash.config import TargetConfig, read_config_json
-from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.checkpoint.hf import load_tensors
+from trtllm_dflash.checkpoint.layout import target_tensors
+from trtllm_dflash.config.model import TargetConfig, read_config_json
+from trtllm_dflash.config.moe import MoeConfig
+
 from trtllm_dflash.models import moe as moe_module
 from trtllm_dflash.models.moe import MoE
-from trtllm_dflash.moe_config import MoeConfig
+from trtllm_dflash.utils.errors import DFlashError
 
 ATOL = 1e-5
 
@@ -92,7 +92,7 @@ def test_shared_expert_matches_qwen2_moe(tmp_path):
 
 
 def _dense_fields():
-    from trtllm_dflash.config import RopeConfig
+    from trtllm_dflash.config.model import RopeConfig
 
     return dict(vocab_size=8, hidden_size=32, intermediate_size=8, num_hidden_layers=1, num_attention_heads=4,
                 num_key_value_heads=4, head_dim=8, rms_norm_eps=1e-6, rope=RopeConfig(), max_position_embeddings=64,

@@ -5,15 +5,15 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
-
 from tiny_models import add_tokenizer, make_hf_target, write_drafter
+from trtllm_dflash.checkpoint.hf import load_tensors
+from trtllm_dflash.checkpoint.layout import target_tensors
+from trtllm_dflash.checkpoint.sharding import shard_state, unshard_state
+from trtllm_dflash.config.model import TargetConfig, read_config_json
+
 from trtllm_dflash.builder.quantize import check_routers_excluded
-from trtllm_dflash.checkpoint import load_tensors
-from trtllm_dflash.checkpoint_layout import target_tensors
 from trtllm_dflash.cli.build import main as build_main
-from trtllm_dflash.config import TargetConfig, read_config_json
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.sharding import shard_state, unshard_state
+from trtllm_dflash.utils.errors import DFlashError
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_a_quantized_router_is_refused():
 
 
 def test_tp_must_divide_the_expert_size():
-    from trtllm_dflash.parallel import check_divisible_experts
+    from trtllm_dflash.distributed.parallel import check_divisible_experts
 
     check_divisible_experts(32, 0, 4)
     with pytest.raises(DFlashError, match="tensor-parallel size 4 does not divide the target's moe intermediate size 30"):

@@ -8,15 +8,15 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
 from host_traffic import host_traffic_of_steps
 from oracle import ReferenceDrafter, reference_dflash_greedy
+from safetensors.torch import load_file, save_file
 from tiny_models import VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_target, write_drafter
-from trtllm_dflash.loading import load_target
+from trtllm_dflash.checkpoint.loader import load_target
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.models.attention import ForwardContext
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 
 PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
 N = 48
@@ -95,7 +95,7 @@ def test_sliding_layers_keep_only_the_window(moe_target):
     assert sliding and len(rings) == sliding and cache.k.shape[0] == cfg.num_hidden_layers - sliding
     assert all(ring.k.shape[2] == cfg.sliding_window + 16 - 1 + 1 for ring in rings)  # window + block - 1, a spare
     # full layers: a pool of blocks for both rows' positions 0..capacity (the last a spare), and a null block
-    from trtllm_dflash.kv_cache import BLOCK, blocks_for
+    from trtllm_dflash.cache.kv_cache import BLOCK, blocks_for
 
     assert cache.capacity == 1000 and cache.k.shape[1:3] == (2 * blocks_for(1000 + 1) + 1, BLOCK)
 
@@ -164,8 +164,9 @@ def test_tp2_engine_equals_transformers(moe_target, drafter, tmp_path):
     """Experts split inside each expert over two ranks (gloo on loopback) give transformers' tokens:
     gpt-oss (expert biases, sinks, sliding windows all sharded) and Qwen3-MoE (norm_topk_prob routing). The first
     request ends early, so on each rank the last one moves into its slot with its shard of every cache."""
+    from trtllm_dflash.engine.loader import generate_with_engine
+
     from trtllm_dflash.cli.build import main as build_main
-    from trtllm_dflash.engine import generate_with_engine
 
     hf, path, expected = moe_target
     lengths = (6, N, N)

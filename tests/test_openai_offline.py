@@ -11,9 +11,9 @@ import yaml
 
 pytest.importorskip("pydantic")
 
-from trtllm_dflash.errors import DFlashError  # noqa: E402
 from trtllm_dflash.serve.openai.protocol import ChatRequest, CompletionRequest, InvalidRequest, parse_body  # noqa: E402
 from trtllm_dflash.serve.openai.responses import Final, Shape  # noqa: E402
+from trtllm_dflash.utils.errors import DFlashError  # noqa: E402
 
 
 def parse(model, body: dict):

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from trtllm_dflash.kv_cache import BLOCK, BlockTable
+from trtllm_dflash.cache.kv_cache import BLOCK, BlockTable
 from trtllm_dflash.plugins.paged_attention.reference import paged_attention_reference
 from trtllm_dflash.plugins.paged_attention.triton_kernel import paged_attention_triton
 

@@ -11,17 +11,17 @@ import pytest
 import torch
 from oracle import hf_greedy
 from test_paged_attention_kernel import oracle
+from trtllm_dflash.engine.generator import Generator
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.builtin import held_out_prompts
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.generator import Generator
-from trtllm_dflash.kv_cache import KVCache, LayerCacheSpec
+from trtllm_dflash.cache.kv_cache import KVCache, LayerCacheSpec
 from trtllm_dflash.models.attention import AttentionSpec, ForwardContext
-from trtllm_dflash.pipeline import load_pipeline
 from trtllm_dflash.plugins.paged_attention import op, triton_kernel
-from trtllm_dflash.request import Request
 from trtllm_dflash.speculative import DFlashProposer
 from trtllm_dflash.speculative.autoregressive import AutoregressiveProposer
+from trtllm_dflash.utils.errors import DFlashError
 
 H, HKV, D = 4, 2, 16
 

@@ -2,13 +2,13 @@
 transformers' greedy output (oracle.hf_greedy) and the pool's own accounting."""
 
 import pytest
-
 from oracle import hf_greedy
 from tiny_models import add_tokenizer, hf_generate, make_hf_hybrid, make_hf_target, write_drafter
-from trtllm_dflash.kv_cache import BLOCK
-from trtllm_dflash.paging import block_hashes
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.cache.block_pool import block_hashes
+from trtllm_dflash.cache.kv_cache import BLOCK
 
 PROMPTS = [list(range(3, 15)), [7, 50, 2, 9], list(range(60, 90)), [11, 12, 13], list(range(20, 41))]
 NEW = 18
@@ -98,8 +98,8 @@ def test_plain_only_blocks_serve_plain_only_requests_and_drafting_ones_replace_t
 def test_pool_keeps_a_block_without_drafter_context_apart():
     """The pool's bookkeeping on a table of 6 blocks: which blocks a request takes from the cache, with and without
     the drafter's context, and that a replaced block is the first one taken again."""
-    from trtllm_dflash.kv_cache import BlockTable
-    from trtllm_dflash.paging import BlockPool
+    from trtllm_dflash.cache.block_pool import BlockPool
+    from trtllm_dflash.cache.kv_cache import BlockTable
 
     pool = BlockPool(BlockTable(2, 4 * BLOCK, 6, "cpu"))
     tokens = list(range(2 * BLOCK + 1))
@@ -169,8 +169,9 @@ def test_tiny_pool_and_chunked_prefill_keep_transformers_output(kind, tmp_path, 
 def test_calibration_fits_the_pool_or_says_why_not(hf_target, random_drafter):
     """A pool smaller than max_batch x max_seq_len: the step-cost calibration holds its largest batch at the longest
     context the pool can hold for all of it at once, and a pool too small for that batch is refused in one line."""
-    from trtllm_dflash.draft_length.calibrate import CalibrationPlan, measure
-    from trtllm_dflash.errors import DFlashError
+    from trtllm_dflash.engine.calibrate import CalibrationPlan, measure
+
+    from trtllm_dflash.utils.errors import DFlashError
 
     gen = load_pipeline(hf_target[1], random_drafter).generator
     gen.allocate(4, 256, 4, num_blocks=12)  # 3 blocks a row: 48 positions less the anchor and a block of 4

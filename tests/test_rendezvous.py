@@ -6,9 +6,9 @@ import os
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from trtllm_dflash.engine.loader import free_port
 
-from trtllm_dflash.engine import free_port
-from trtllm_dflash.rendezvous import join_local_group
+from trtllm_dflash.distributed.rendezvous import join_local_group
 
 
 def listening(pid: int) -> set[tuple[str, int]]:

@@ -5,13 +5,13 @@ import math
 
 import pytest
 import torch
-
 from tiny_models import drafter_config, make_hf_target, write_drafter
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.draft_length.policy import DraftLenPolicy
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
-from trtllm_dflash.sampling import SamplingParams
+from trtllm_dflash.sample.sampling import SamplingParams
+from trtllm_dflash.utils.errors import DFlashError
 
 V, PROMPT, N_NEW, SAMPLES = 6, (1, 4, 2, 0, 3), 3, 4000
 
@@ -30,8 +30,12 @@ def small_vocab_pair(tmp_path_factory):
 
 def exact_distribution(hf, params: SamplingParams, n_new: int = N_NEW) -> dict[tuple, float]:
     """P(x1..xn | prompt) by enumeration, with transformers' own logits warpers."""
-    from transformers.generation.logits_process import (LogitsProcessorList, TemperatureLogitsWarper,
-                                                        TopKLogitsWarper, TopPLogitsWarper)
+    from transformers.generation.logits_process import (
+        LogitsProcessorList,
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
 
     warp = LogitsProcessorList([TemperatureLogitsWarper(params.temperature)])
     if params.top_k:
@@ -162,7 +166,7 @@ def test_seeded_request_draws_the_same_tokens_in_any_batch(small_vocab_pair):
 def test_sampler_draws_each_token_with_its_probability():
     """The inverse-CDF sampler over counter-based uniforms: zero-mass tokens never, the rest at their
     rates (the chi-square check above); rows need not be normalised."""
-    from trtllm_dflash.sampling import FIRST, SamplingBatch, sample, uniforms
+    from trtllm_dflash.sample.sampling import FIRST, SamplingBatch, sample, uniforms
 
     n = 20000
     probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0, 1e-3])
@@ -175,7 +179,7 @@ def test_sampler_draws_each_token_with_its_probability():
 
 
 def test_uniforms_are_uniform_and_distinct_per_stream():
-    from trtllm_dflash.sampling import ACCEPT, BONUS, PROPOSE, SamplingBatch, uniforms
+    from trtllm_dflash.sample.sampling import ACCEPT, BONUS, PROPOSE, SamplingBatch, uniforms
 
     n = 4000
     batch = SamplingBatch.of([SamplingParams(1.0)] * n, list(range(n)), torch.arange(n) % 7)
@@ -193,7 +197,7 @@ def test_uniforms_are_uniform_and_distinct_per_stream():
 
 
 def test_greedy_rows_get_one_hot_rows_beside_sampled_ones():
-    from trtllm_dflash.sampling import SamplingBatch, token_probs
+    from trtllm_dflash.sample.sampling import SamplingBatch, token_probs
 
     logits = torch.randn(3, 2, 9, generator=torch.Generator().manual_seed(0))
     params = [SamplingParams(), SamplingParams(0.5), SamplingParams(0.5, top_k=2)]
@@ -209,7 +213,7 @@ def test_mul32_is_the_exact_product_mod_2_32():
     for multipliers below and above 2^31 (those are taken as c - 2^32 to stay clear of int64 overflow)."""
     import random as stdlib_random
 
-    from trtllm_dflash.sampling import MASK32, _mul32
+    from trtllm_dflash.sample.sampling import MASK32, _mul32
 
     rng = stdlib_random.Random(0)
     values = [0, 1, 2 ** 31 - 1, 2 ** 31, MASK32] + [rng.getrandbits(32) for _ in range(5000)]
@@ -222,7 +226,7 @@ def test_per_row_draft_lengths_accept_as_speculative_sampling_of_each_rows_own_d
     """accept(..., lengths): row b is speculative sampling of its first L_b drafts only, written out here as the
     textbook loop (accept draft j if u_j q_j(d_j) < p_j(d_j); at the first rejection draw from max(0, p - q); all
     L_b accepted: the bonus from p at L_b), with the same uniforms. Greedy rows: the accepted prefix capped at L_b."""
-    from trtllm_dflash.sampling import ACCEPT, BONUS, SamplingBatch, sample, token_probs, uniforms
+    from trtllm_dflash.sample.sampling import ACCEPT, BONUS, SamplingBatch, sample, token_probs, uniforms
     from trtllm_dflash.speculative.accept import accept
 
     gen = torch.Generator().manual_seed(0)

@@ -4,13 +4,13 @@ import time
 
 import pytest
 import yaml
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.builtin import held_out_prompts
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 from trtllm_dflash.serve.loop import ServeRequest, ServingLoop, first_stop
 from trtllm_dflash.serve.repository import ServeSettings, validate_pbtxt, write_repository
+from trtllm_dflash.utils.errors import DFlashError
 
 
 class FakeResponder:
@@ -291,11 +291,12 @@ def test_plain_decoding_repositories(builtin, tmp_path):
 
 
 def test_plain_engine_decodes_like_dflash_without_a_drafter(builtin, tmp_path):
+    from trtllm_dflash.engine.loader import load_engine
+    from trtllm_dflash.engine.request import Request
+
     from trtllm_dflash.builder.builder import build_engine
     from trtllm_dflash.builder.spec import BuildSpec
     from trtllm_dflash.builtin import held_out_prompts
-    from trtllm_dflash.engine import load_engine
-    from trtllm_dflash.request import Request
 
     engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(tmp_path / "e")), "test")
     requests = [Request(tuple(p), 24, ignore_eos=True) for p in held_out_prompts()[:3]]

@@ -10,9 +10,8 @@ import json
 import time
 
 import pytest
-
 from test_serve_triton import metrics, post, text_prompt
-from trtllm_dflash.engine import free_port
+from trtllm_dflash.engine.loader import free_port
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("fastapi")

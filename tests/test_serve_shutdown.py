@@ -14,8 +14,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from trtllm_dflash.engine.loader import free_port
 
-from trtllm_dflash.engine import free_port
 from trtllm_dflash.serve.failures import SHUTTING_DOWN
 
 pytest.importorskip("tritonclient")

@@ -9,9 +9,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from trtllm_dflash.engine.loader import free_port
 
 from trtllm_dflash.builtin import held_out_prompts
-from trtllm_dflash.engine import free_port
 
 pytest.importorskip("tritonclient")
 
@@ -299,7 +299,7 @@ def test_tensor_parallel_paged_pool_preempts_chunks_and_reuses_prefixes(builtin,
     dflash-generate --engine's, which runs each rank with a pool for every request at full length."""
     from transformers import AutoTokenizer
 
-    from trtllm_dflash.kv_cache import BLOCK, blocks_for
+    from trtllm_dflash.cache.kv_cache import BLOCK, blocks_for
 
     prompts = [text_prompt(i) + text_prompt(i + 3) + text_prompt(i + 6) for i in range(3)]  # 3 x 16 bytes each
     tokens = [len(AutoTokenizer.from_pretrained(builtin[0])(p)["input_ids"]) for p in prompts]

@@ -9,19 +9,19 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from oracle import hf_greedy
+from safetensors.torch import load_file
 from tiny_models import add_tokenizer, drafter_config, drafter_weights, hf_config, make_hf_target, write_drafter
+from trtllm_dflash.checkpoint.drafter import Verifier, convert_drafter, read_drafter
+from trtllm_dflash.engine.loader import load_engine
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.builder.builder import build_engine
 from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.cli.convert import main as convert_main
 from trtllm_dflash.cli.generate import main as generate_main
-from trtllm_dflash.drafter_checkpoint import Verifier, convert_drafter, read_drafter
-from trtllm_dflash.engine import load_engine
-from trtllm_dflash.errors import DFlashError
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
+from trtllm_dflash.utils.errors import DFlashError
 
 speculators = pytest.importorskip("speculators", reason="the test set-up installs speculators (Makefile)")
 

@@ -8,17 +8,17 @@ import itertools
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
-
 from oracle import hf_greedy
 from tiny_models import make_hf_target
+from transformers import AutoModelForCausalLM
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.compilation.step_mode import GRAPH_SHAPES, StepMode, StepShapes
 from trtllm_dflash.draft_length.policy import DraftLenPolicy
-from trtllm_dflash.errors import DFlashError
 from trtllm_dflash.pairs import held_out_texts, stdlib_pair
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
-from trtllm_dflash.sampling import SamplingParams
-from trtllm_dflash.step_mode import GRAPH_SHAPES, StepMode, StepShapes
+from trtllm_dflash.sample.sampling import SamplingParams
+from trtllm_dflash.utils.errors import DFlashError
 
 SHAPES = StepShapes(min_span=16)  # small buckets, so short test contexts cross several
 SHAPES_2 = StepShapes(min_span=16, min_rows=2, min_width=2)  # cuda-graphs' minimum sizes: no compiled size is 1

@@ -4,9 +4,9 @@ import json
 
 import pytest
 import torch
-
 from tiny_models import make_hf_target
-from trtllm_dflash.loading import load_target
+from trtllm_dflash.checkpoint.loader import load_target
+
 from trtllm_dflash.models.attention import ForwardContext
 
 ATOL = 2e-5

@@ -3,10 +3,10 @@
 import threading
 
 import pytest
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.draft_length.policy import FixedDraftLen
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 from trtllm_dflash.serve.loop import ServeRequest, ServingLoop
 from trtllm_dflash.serve.torch_thread import TorchThread
 

@@ -6,15 +6,15 @@ import sys
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from oracle import hf_greedy
-from trtllm_dflash.distill import capture_features
-from trtllm_dflash.loading import load_drafter, load_target
+from safetensors.torch import load_file
+from trtllm_dflash.checkpoint.loader import load_drafter, load_target
+from trtllm_dflash.engine.pipeline import load_pipeline
+from trtllm_dflash.engine.request import Request
+
 from trtllm_dflash.models.drafter import DFlashDrafter
-from trtllm_dflash.pipeline import load_pipeline
-from trtllm_dflash.request import Request
 from trtllm_dflash.train.data import stdlib_prompts
+from trtllm_dflash.train.distill import capture_features
 from trtllm_dflash.train.objective import block_loss, block_sparse_mask, decay_weights
 from trtllm_dflash.train.spec import TrainSpec, default_layer_ids
 from trtllm_dflash.train.trainer import Progress, drafter_config, train

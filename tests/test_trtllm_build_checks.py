@@ -15,9 +15,9 @@ import torch
 import yaml
 from packaging.version import Version
 from safetensors.torch import load_file
-
 from tiny_models import add_tokenizer, drafter_config, drafter_weights, make_hf_target, write_drafter
-from trtllm_dflash.builder.manifest import Manifest
+from trtllm_dflash.config.manifest import Manifest
+
 from trtllm_dflash.builder.trtllm_fields import check_options
 from trtllm_dflash.builder.trtllm_tables import TABLES
 from trtllm_dflash.cli.build import main as build_main

@@ -14,9 +14,9 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import save_file
-
 from tiny_models import VOCAB, add_tokenizer, drafter_config, drafter_weights, make_hf_target, write_drafter
-from trtllm_dflash.builder.manifest import Manifest
+from trtllm_dflash.config.manifest import Manifest
+
 from trtllm_dflash.builder.trtllm_fields import check_options
 from trtllm_dflash.cli.build import main as build_main
 
@@ -62,8 +62,16 @@ def save_multimodal(path, config, text_config):
 
 
 def family_target(root, family):
-    from transformers import (GptOssConfig, LlamaConfig, Qwen3_5Config, Qwen3_5MoeConfig, Qwen3_5MoeTextConfig,
-                              Qwen3_5TextConfig, Qwen3Config, Qwen3MoeConfig)
+    from transformers import (
+        GptOssConfig,
+        LlamaConfig,
+        Qwen3_5Config,
+        Qwen3_5MoeConfig,
+        Qwen3_5MoeTextConfig,
+        Qwen3_5TextConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     path = root / family
     moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16)
@@ -262,7 +270,7 @@ def test_torch_builds_refuse_trtllm_only_settings(qwen3_pair, tmp_path, capsys):
 def test_trtllm_yaml_settings_are_type_checked(setting, needle):
     """A YAML `rejection_sampling: "no"` is a string: refused, not read as true."""
     from trtllm_dflash.builder.spec import BuildSpec
-    from trtllm_dflash.errors import DFlashError
+    from trtllm_dflash.utils.errors import DFlashError
 
     with pytest.raises(DFlashError, match=needle):
         BuildSpec(target="t", drafter="d", output="o", backend="trtllm", **setting)

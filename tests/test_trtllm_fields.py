@@ -20,7 +20,7 @@ from packaging.version import Version
 
 from trtllm_dflash.builder.trtllm_fields import check_options, literal_choices
 from trtllm_dflash.builder.trtllm_tables import TABLES, known_versions, load_table, table_for
-from trtllm_dflash.errors import DFlashError
+from trtllm_dflash.utils.errors import DFlashError
 
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("gen_trtllm_fields", ROOT / "tools" / "gen_trtllm_fields.py")

@@ -10,11 +10,19 @@ itself cannot run here.
 import math
 
 import pytest
-
-from trtllm_dflash.builder.trtllm_memory import (GIB, RULES_1_3, RULES_1_4, MemoryInputs, arena_budget_bytes,
-                                                 checkpoint_bytes, ctx_arena_bytes, plan_memory)
-from trtllm_dflash.errors import DFlashError
 from tiny_models import make_hf_target
+
+from trtllm_dflash.builder.trtllm_memory import (
+    GIB,
+    RULES_1_3,
+    RULES_1_4,
+    MemoryInputs,
+    arena_budget_bytes,
+    checkpoint_bytes,
+    ctx_arena_bytes,
+    plan_memory,
+)
+from trtllm_dflash.utils.errors import DFlashError
 
 # ---- upstream's worked examples ------------------------------------------------------------------------------
 
@@ -99,8 +107,9 @@ TARGET_KV = 36 * 2 * 8 * 128 * 2                    # bytes per token of the tar
 
 
 def qwen3_8b_inputs(max_seq_len=8192, **kw):
+    from trtllm_dflash.config.model import DrafterConfig
+
     from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
-    from trtllm_dflash.config import DrafterConfig
 
     target = TrtllmTarget.from_dict(QWEN3_8B, "Qwen3-8B")
     drafter = DrafterConfig.from_dict(QWEN3_8B_DRAFTER, "Qwen3-8B-DFlash-b16")

@@ -3,9 +3,10 @@ for a read-only one, or where TRTLLM_DFLASH_CACHE_DIR says; XDG_CACHE_HOME honou
 
 from pathlib import Path
 
+from trtllm_dflash.engine.draft_len import engine_cache
+
 from trtllm_dflash.draft_length.cost import CostModel
-from trtllm_dflash.draft_length.settings import engine_cache
-from trtllm_dflash.user_cache import user_cache_home
+from trtllm_dflash.utils.user_cache import user_cache_home
 
 KEY = {"device": "cpu: test", "threads": 1}
 
@@ -48,7 +49,7 @@ def test_home_overrides_xdg(tmp_path, monkeypatch):
 
 
 def test_a_pair_run_from_its_checkpoints_keeps_its_step_cost_model_per_pair_and_dtype(tmp_path, monkeypatch):
-    from trtllm_dflash.draft_length.settings import checkpoint_cache
+    from trtllm_dflash.engine.draft_len import checkpoint_cache
 
     monkeypatch.setenv("TRTLLM_DFLASH_CACHE_DIR", str(tmp_path / "mine"))
     f32 = checkpoint_cache(tmp_path / "t", tmp_path / "d", "float32")

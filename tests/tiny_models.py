@@ -7,8 +7,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-
-from trtllm_dflash.config import default_target_layer_ids
+from trtllm_dflash.config.model import default_target_layer_ids
 
 VOCAB = 96
 

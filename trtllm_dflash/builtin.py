@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .config import DrafterConfig, TargetConfig
-from .distill import fit_drafter, target_continuations
+from .config.model import DrafterConfig, TargetConfig
 from .models.drafter import DFlashDrafter
 from .models.target import TargetModel
-from .user_cache import user_cache_home
+from .train.distill import fit_drafter, target_continuations
+from .utils.user_cache import user_cache_home
 
 VERSION = "v3"  # bump whenever the recipe changes: it names the cache directory
 EOS, MASK = "<|endoftext|>", "<|MASK|>"

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 from .prompts import Prompt
 from .records import Chunk
 

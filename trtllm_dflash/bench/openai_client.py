@@ -13,9 +13,20 @@ import os
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ..errors import DFlashError
-from .clients import Client, ClientSettings, ConnectionLost, RequestError, describe, error_text, http_get, \
-    http_session, json_body, json_event, sse_events
+from ..utils.errors import DFlashError
+from .clients import (
+    Client,
+    ClientSettings,
+    ConnectionLost,
+    RequestError,
+    describe,
+    error_text,
+    http_get,
+    http_session,
+    json_body,
+    json_event,
+    sse_events,
+)
 from .prompts import Prompt
 from .records import Chunk
 

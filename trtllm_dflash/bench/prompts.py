@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import DFlashError
-from ..settings_file import utf8_lines
+from ..utils.errors import DFlashError
+from ..utils.settings_file import utf8_lines
 
 POOL_CANDIDATES = 32768  # vocabulary ids examined for the random-text pool (all of a small vocabulary)
 FIX_ROUNDS = 32  # decode/re-encode rounds allowed to land on an exact token length

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 from .frontier import AT_OR_ABOVE, ON_FRONTIER, Point, pareto_frontier, read_frontier
 from .results import MANIFEST, SUMMARY_JSON, csv_text, utc_now, write_atomic
 from .spec import ReportSpec

@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 
 MANIFEST, REQUESTS, SUMMARY_JSON, SUMMARY_CSV = "manifest.json", "requests.jsonl", "summary.json", "summary.csv"
 LIBRARIES = ("trtllm-dflash", "numpy", "aiohttp", "tritonclient", "grpcio", "transformers", "tokenizers", "scipy",

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import DFlashError
-from ..settings_file import read_settings
+from ..utils.errors import DFlashError
+from ..utils.settings_file import read_settings
 
 APIS = ("triton-http", "triton-grpc", "openai")
 DEFAULT_LADDER = (1, 2, 4, 8, 16, 32, 64)

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..builder.manifest import MANIFEST, Manifest, sha256_file
-from ..checkpoint import load_tokenizer
-from ..errors import DFlashError
+from ..checkpoint.hf import load_tokenizer
+from ..config.manifest import MANIFEST, Manifest, sha256_file
+from ..utils.errors import DFlashError
 
 
 @dataclass

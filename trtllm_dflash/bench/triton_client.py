@@ -15,9 +15,21 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from ..errors import DFlashError
-from .clients import (HEALTH_TIMEOUT_S, Client, ClientSettings, ConnectionLost, RequestError, describe, error_text,
-                      http_get, http_session, json_body, json_event, sse_events)
+from ..utils.errors import DFlashError
+from .clients import (
+    HEALTH_TIMEOUT_S,
+    Client,
+    ClientSettings,
+    ConnectionLost,
+    RequestError,
+    describe,
+    error_text,
+    http_get,
+    http_session,
+    json_body,
+    json_event,
+    sse_events,
+)
 from .prompts import Prompt
 from .records import Chunk
 

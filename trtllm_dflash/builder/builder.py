@@ -9,14 +9,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..checkpoint import resolve_model_dir, weight_files
-from ..config import DrafterConfig, TargetConfig, read_config_json
-from ..drafter_checkpoint import DrafterCheckpoint, read_drafter
-from ..errors import DFlashError
-from ..pairing import check_block_size, validate_pair
-from ..parallel import check_divisible, check_divisible_experts, check_linear_heads
-from .manifest import Manifest, sha256_json
-from .output import building, check_output, publish
+from ..checkpoint.drafter import DrafterCheckpoint, read_drafter
+from ..checkpoint.hf import resolve_model_dir, weight_files
+from ..config.manifest import MANIFEST, Manifest, is_engine, sha256_json
+from ..config.model import DrafterConfig, TargetConfig, read_config_json
+from ..config.pairing import check_block_size, validate_pair
+from ..distributed.parallel import check_divisible, check_divisible_experts, check_linear_heads
+from ..utils.errors import DFlashError
+from ..utils.output_dir import building, check_output, publish
 from .spec import BuildSpec
 
 TRTLLM_DEFAULT_MAX_SEQ_LEN = 8192
@@ -103,7 +103,7 @@ def build_engine(spec: BuildSpec, command: str) -> Path:
     SIGHUP); an existing output is replaced only with force, and only if it is an engine or empty."""
     plan = plan_build(spec)
     out = plan.final_dir
-    check_output(out, spec.force)
+    check_output(out, spec.force, is_engine, f"an engine directory (with {MANIFEST})")
     parent = prepare_parent(out)
     check_free_space(parent, estimate_bytes(plan))
     with building(out) as tmp:

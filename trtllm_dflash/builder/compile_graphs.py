@@ -16,16 +16,16 @@ import tempfile
 import time
 from pathlib import Path
 
-from ..errors import DFlashError
-from ..step_mode import StepMode
+from ..compilation.step_mode import StepMode
+from ..utils.errors import DFlashError
 
 
 def compile_engine(engine_dir: str | Path, device: str = "cpu", step_mode: str | None = None,
                    calibrate: bool = True, log=print) -> list[Path]:
     """-> the stored sets (one per rank). calibrate: also measure the step cost for the same key when the engine
     has none (tp 1; a served TP engine calibrates at load)."""
-    from ..engine import read_torch_manifest, spawn_ranks
-    from ..pipeline import check_device
+    from ..engine.loader import read_torch_manifest, spawn_ranks
+    from ..engine.pipeline import check_device
 
     check_device(device)
     mode = StepMode.resolve(step_mode, device)
@@ -39,12 +39,12 @@ def compile_engine(engine_dir: str | Path, device: str = "cpu", step_mode: str |
 
 
 def compile_rank(engine_dir, rank: int, device: str, mode: str, calibrate: bool = False, log=None) -> Path:
-    from ..graph_store import GraphStore, graph_key, inductor_counts
+    from ..compilation.graph_store import GraphStore, graph_key, inductor_counts
 
     fresh = Path(tempfile.mkdtemp(prefix="dflash-inductor-"))
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(fresh)  # read by inductor on every lookup
     try:
-        from ..engine import load_engine, read_torch_manifest
+        from ..engine.loader import load_engine, read_torch_manifest
 
         start = time.perf_counter()
         pipeline = load_engine(engine_dir, rank, device, step_mode=mode, stored_graphs=False)
@@ -63,9 +63,9 @@ def compile_rank(engine_dir, rank: int, device: str, mode: str, calibrate: bool 
 
 def calibrate_once(engine_dir: Path, generator, log) -> None:
     """The step-cost model for the same machine and step mode, unless the engine has one covering its range."""
-    from ..draft_length.calibrate import CalibrationPlan, calibration_key, measure
-    from ..draft_length.settings import engine_cache
-    from ..engine import read_torch_manifest
+    from ..engine.calibrate import CalibrationPlan, calibration_key, measure
+    from ..engine.draft_len import engine_cache
+    from ..engine.loader import read_torch_manifest
 
     limits = read_torch_manifest(engine_dir).limits
     generator.allocate(limits["max_batch_size"], limits["max_seq_len"], generator.block)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from ..errors import DFlashError
-from ..loading import DTYPES
-from ..settings_file import read_settings
+from ..checkpoint.loader import DTYPES
+from ..utils.errors import DFlashError
+from ..utils.settings_file import read_settings
 
 BACKENDS = ("torch", "trtllm")
 QUANTS = ("none", "fp8", "nvfp4")
@@ -39,7 +39,7 @@ class BuildSpec:
     dflash_attention_backend: str | None = None  # VANILLA | TRTLLM | FA4; default: from the GPU
     moe_backend: str | None = None  # moe_config.backend; default: from the target and GPU
     kv_cache_dtype: str = "auto"  # auto | fp8 | nvfp4
-    draft_len_schedule: str | None = None  # a draft-length schedule file (trtllm_dflash/draft_len_schedule.py)
+    draft_len_schedule: str | None = None  # a draft-length schedule file (trtllm_dflash/draft_length/schedule.py)
     rejection_sampling: bool = False  # speculative_config.use_rejection_sampling (T > 0; upstream prototype)
     chunked_prefill: bool = False
     cuda_graph_batch_sizes: list[int] | None = None

@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from ..checkpoint import load_tensors
-from ..checkpoint_layout import target_tensors
-from ..loading import DTYPES, check_weights, tied_weights
+from ..checkpoint.hf import load_tensors
+from ..checkpoint.layout import target_tensors
+from ..checkpoint.loader import DTYPES, check_weights, tied_weights
+from ..checkpoint.sharding import shard_state
 from ..models.drafter import DFlashDrafter
 from ..models.target import build_target
-from ..sharding import shard_state
 from .builder import BuildPlan, copy_tokenizer
 
 

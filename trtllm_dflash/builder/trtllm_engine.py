@@ -22,16 +22,25 @@ from pathlib import Path
 
 import yaml
 
-from ..checkpoint import weight_files
-from ..draft_len_schedule import read_schedule
-from ..errors import DFlashError
-from ..loading import DTYPES
+from ..checkpoint.hf import weight_files
+from ..checkpoint.loader import DTYPES
+from ..draft_length.schedule import read_schedule
+from ..utils.errors import DFlashError
 from .builder import BuildPlan, copy_tokenizer
 from .trtllm_drafter import check_drafter_dtypes, dropped_tensors, write_trtllm_drafter
 from .trtllm_fields import check_options
 from .trtllm_memory import MemoryInputs, checkpoint_bytes, context_rules, plan_memory
-from .trtllm_options import (KV_CACHE_DTYPES, attention_backend, check_cross_fields, check_pass_through,
-                             check_token_budget, gpu_sm, kv_cache_estimation_runs, merge, moe_backend)
+from .trtllm_options import (
+    KV_CACHE_DTYPES,
+    attention_backend,
+    check_cross_fields,
+    check_pass_through,
+    check_token_budget,
+    gpu_sm,
+    kv_cache_estimation_runs,
+    merge,
+    moe_backend,
+)
 from .trtllm_reuse import reuse_options, reuse_warning
 from .trtllm_tables import FieldTable
 
@@ -153,7 +162,7 @@ def read_options_at(engine_dir: Path) -> dict:
 
 def write_options_at(engine_dir: str | Path, output: str | Path | None) -> str:
     """`dflash-build options`: -> the YAML of read_options_at, also written to `output` when given."""
-    from .manifest import Manifest
+    from ..config.manifest import Manifest
 
     if Manifest.read(engine_dir).backend != "trtllm":
         raise DFlashError(f"{engine_dir} is not a trtllm engine: its options are TensorRT-LLM's")

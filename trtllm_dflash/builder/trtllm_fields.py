@@ -16,7 +16,7 @@ import difflib
 from functools import lru_cache
 from typing import Any
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 from .trtllm_tables import FieldTable, first_version_with, table_for
 
 #: The first TensorRT-LLM release whose documentation we read lists DFlashDecodingConfig with the fields this

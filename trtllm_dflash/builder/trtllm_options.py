@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 
 GPU_SM = {"b200": 100, "gb200": 100, "b300": 103, "gb300": 103, "h100": 90, "h200": 90, "gh200": 90,
           "a100": 80, "l40s": 89}

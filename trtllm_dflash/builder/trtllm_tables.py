@@ -17,7 +17,7 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version  # a dependency of transformers
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 
 TABLES = Path(__file__).with_name("trtllm_tables")
 

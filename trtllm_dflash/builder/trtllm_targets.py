@@ -1,6 +1,6 @@
 """Which targets a `trtllm` engine accepts: what TensorRT-LLM's DFlash runs, not what the torch runtime runs.
 
-The torch backend keeps its own list (trtllm_dflash/config.py). Here each `model_type` maps to the upstream
+The torch backend keeps its own list (trtllm_dflash/config/model.py). Here each `model_type` maps to the upstream
 architecture and its DFlash status, with the source of that status:
 - "supported": upstream's model-feature matrix marks DFlash "Yes" (NVIDIA/TensorRT-LLM@00b6d5a2,
   docs/source/models/supported-models.md).
@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..config import DRAFTER_ARCHITECTURE
-from ..errors import DFlashError
-from ..families import read_as_transformers
+from ..config.families import read_as_transformers
+from ..config.model import DRAFTER_ARCHITECTURE
+from ..utils.errors import DFlashError
 
 MATRIX = "supported-models.md@00b6d5a2"
 TESTS = "upstream DFlash tests (shared/reference/trtllm-and-triton.md)"

@@ -8,15 +8,15 @@ from pathlib import Path
 import torch
 import yaml
 
-from ..checkpoint import load_tensors, read_safetensors
-from ..config import DrafterConfig, TargetConfig, read_config_json
-from ..errors import DFlashError
-from ..loading import DTYPES, check_weights, tied_weights
+from ..checkpoint.hf import load_tensors, read_safetensors
+from ..checkpoint.loader import DTYPES, check_weights, tied_weights
+from ..config.manifest import Manifest
+from ..config.model import DrafterConfig, TargetConfig, read_config_json
+from ..config.pairing import validate_pair
+from ..distributed.parallel import Parallel
 from ..models.drafter import DFlashDrafter
 from ..models.target import build_target
-from ..pairing import validate_pair
-from ..parallel import Parallel
-from .manifest import Manifest
+from ..utils.errors import DFlashError
 from .trtllm_engine import OPTIONS, options_at
 from .trtllm_fields import check_options
 from .trtllm_tables import known_versions, load_table
@@ -34,7 +34,7 @@ def verify_engine(engine_dir: str | Path) -> tuple[bool, list[str]]:
         problems.append(str(exc))
         lines.append(f"FAIL {exc}")
     if manifest.backend == "torch":
-        from ..graph_store import verify_lines
+        from ..compilation.graph_store import verify_lines
 
         graph_lines, graph_problems = verify_lines(engine_dir)
         lines, problems = lines + graph_lines, problems + graph_problems

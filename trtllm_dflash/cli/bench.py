@@ -11,8 +11,8 @@ import argparse
 import shlex
 import sys
 
-from ..errors import DFlashError
-from .common import Parser, run_cli
+from ..utils.cli import Parser, run_cli
+from ..utils.errors import DFlashError
 
 PROG = "dflash-bench"
 
@@ -103,8 +103,8 @@ def run_report_command(args: argparse.Namespace) -> int:
 
 
 def run_tune_command(args: argparse.Namespace) -> int:
-    from ..draft_len_schedule import write_schedule
-    from ..draft_length.tune import read_table, schedule_from, tune_table_markdown
+    from ..bench.tune import read_table, schedule_from, tune_table_markdown
+    from ..draft_length.schedule import write_schedule
 
     table = read_table(args.runs)
     schedule, notes = schedule_from(table)

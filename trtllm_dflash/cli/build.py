@@ -6,15 +6,16 @@ import argparse
 import json
 import shlex
 import sys
-from pathlib import Path
 from dataclasses import replace
+from pathlib import Path
 
-from ..builder.manifest import Manifest
 from ..builder.spec import BACKENDS, QUANTS
 from ..builder.trtllm_tables import known_versions
-from ..errors import DFlashError
-from ..loading import DTYPES
-from .common import model_path, run_cli
+from ..checkpoint.loader import DTYPES
+from ..config.manifest import Manifest
+from ..utils.cli import run_cli
+from ..utils.errors import DFlashError
+from .common import model_path
 
 PROG = "dflash-build"
 
@@ -112,8 +113,8 @@ def run_inspect(argv: list[str]) -> int:
     for key, value in m.backend_details.items():
         print(f"{key:<12} {value}")
     if m.backend == "torch":
-        from ..engine import kv_pool_lines
-        from ..graph_store import inspect_lines
+        from ..compilation.graph_store import inspect_lines
+        from ..engine.loader import kv_pool_lines
 
         print("\n".join(kv_pool_lines(Path(args.engine_dir)) + inspect_lines(args.engine_dir)))
     return 0
@@ -154,8 +155,8 @@ def calibrate_parser() -> argparse.ArgumentParser:
 
 
 def run_calibrate(argv: list[str]) -> int:
-    from ..draft_length.settings import calibrate_engine
-    from ..threads import set_threads
+    from ..engine.draft_len import calibrate_engine
+    from ..utils.threads import set_threads
 
     args = calibrate_parser().parse_args(argv)
     set_threads(args.threads)  # the calibration is valid for this thread count only (its cache key)
@@ -174,8 +175,8 @@ def run_calibrate(argv: list[str]) -> int:
 
 def run_compile(argv: list[str]) -> int:
     from ..builder.compile_graphs import compile_engine
-    from ..engine import read_torch_manifest
-    from ..threads import set_threads
+    from ..engine.loader import read_torch_manifest
+    from ..utils.threads import set_threads
 
     p = argparse.ArgumentParser(prog=f"{PROG} compile", description="Compile every step graph a torch engine's "
                                 "server runs on this machine (prefill, each batch bucket, the drafter; every "

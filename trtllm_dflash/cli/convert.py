@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import model_path, run_cli
+from ..utils.cli import run_cli
+from .common import model_path
 
 PROG = "dflash-convert"
 
@@ -24,7 +25,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def run(argv: list[str] | None) -> int:
-    from ..drafter_checkpoint import Verifier, convert_drafter
+    from ..checkpoint.drafter import Verifier, convert_drafter
 
     args = parser().parse_args(argv)
     verifier = Verifier.of(model_path(args.verifier, "target")) if args.verifier else None

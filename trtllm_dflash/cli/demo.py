@@ -17,7 +17,7 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from .common import run_cli
+from ..utils.cli import run_cli
 
 PROG = "dflash-demo"
 MODEL = "dflash"
@@ -56,9 +56,9 @@ def build(out: Path) -> Path:
 
 def check_exact(engine: Path, prompts: list[str], new_tokens: int) -> float:
     """Greedy DFlash output equals plain decoding's on held-out prompts; -> pooled tau."""
-    from ..engine import load_engine
-    from ..errors import DFlashError
-    from ..request import Request, pooled_tau
+    from ..engine.loader import load_engine
+    from ..engine.request import Request, pooled_tau
+    from ..utils.errors import DFlashError
 
     spec, plain = load_engine(engine), load_engine(engine, decoding="plain")
     requests = [Request(tuple(spec.tokenizer(p, add_special_tokens=False)["input_ids"]), new_tokens, ignore_eos=True)
@@ -72,7 +72,7 @@ def check_exact(engine: Path, prompts: list[str], new_tokens: int) -> float:
 @contextmanager
 def serving(engine: Path, out: Path, decoding: str, threads: int):
     """tritonserver serving the engine with `decoding` until the block ends; -> its Endpoints."""
-    from ..engine import free_port
+    from ..engine.loader import free_port
     from ..serve.locate import find_tritonserver
     from ..serve.repository import ServeSettings, write_repository
     from ..serve.server import Endpoints, start_server, stop_server, wait_ready
@@ -92,7 +92,7 @@ def serving(engine: Path, out: Path, decoding: str, threads: int):
 
 def sweep(ends, engine: Path, run_dir: Path, decoding: str, args, dataset: Path) -> Path:
     """One dflash-bench sweep of a running server; -> the run directory."""
-    from ..errors import DFlashError
+    from ..utils.errors import DFlashError
     from .bench import main as bench_main
 
     shutil.rmtree(run_dir, ignore_errors=True)  # our own working directory: a rerun starts clean
@@ -121,9 +121,9 @@ def sweep_repeats(engine: Path, out: Path, args, dataset: Path) -> list[dict[str
 def run(argv: list[str] | None) -> int:
     from ..bench import repeats as repeat_table
     from ..bench.report import load_run
-    from ..errors import DFlashError
     from ..pairs import held_out_texts
-    from ..threads import resolve_threads
+    from ..utils.errors import DFlashError
+    from ..utils.threads import resolve_threads
     from .bench import main as bench_main
 
     args = parser().parse_args(argv)

@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 import sys
 
-from ..draft_length.settings import checkpoint_cache, make_policy
-from ..errors import DFlashError
-from ..loading import DTYPES, parse_dtype
-from ..pipeline import load_pipeline
-from ..request import Request
-from ..sampling import SamplingParams
-from ..step_mode import AUTO as AUTO_MODE
-from ..step_mode import MODES as STEP_MODES
-from ..step_mode import StepMode
-from ..threads import set_threads
-from .common import Parser, model_path, run_cli
+from ..checkpoint.loader import DTYPES, parse_dtype
+from ..compilation.step_mode import AUTO as AUTO_MODE
+from ..compilation.step_mode import MODES as STEP_MODES
+from ..compilation.step_mode import StepMode
+from ..engine.draft_len import checkpoint_cache, make_policy
+from ..engine.pipeline import load_pipeline
+from ..engine.request import Request
+from ..sample.sampling import SamplingParams
+from ..utils.cli import Parser, run_cli
+from ..utils.errors import DFlashError
+from ..utils.threads import set_threads
+from .common import model_path
 
 PROG = "dflash-generate"
 
@@ -77,8 +78,8 @@ def generate_from_checkpoints(args, sampling: SamplingParams):
 def generate_from_engine(args, sampling: SamplingParams):
     from pathlib import Path
 
-    from ..checkpoint import load_tokenizer
-    from ..engine import generate_with_engine, init_from_torchrun, read_torch_manifest
+    from ..checkpoint.hf import load_tokenizer
+    from ..engine.loader import generate_with_engine, init_from_torchrun, read_torch_manifest
 
     if args.drafter or args.dtype:
         raise DFlashError("--engine already fixes the drafter and the dtype: drop --drafter/--dtype")

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import DFlashError
-from .common import Parser, run_cli
+from ..utils.cli import Parser, run_cli
+from ..utils.errors import DFlashError
 
 PROG = "dflash-serve"
 
@@ -89,7 +89,7 @@ def print_launch(spec, out: Path) -> None:
 
 
 def run(argv: list[str] | None) -> int:
-    from ..builder.manifest import Manifest
+    from ..config.manifest import Manifest
     from ..serve.locate import find_tritonserver
     from ..serve.repository import ServeSettings, write_repository
     from ..serve.server import Endpoints, check_ports_free, run_foreground
@@ -155,11 +155,10 @@ def trtllm_openai(args, manifest, repo: Path) -> int:
     import shlex
     import shutil
 
-    from ..serve.openai.trtllm import model_link, trtllm_serve_command
-
     import yaml
 
     from ..builder.trtllm_engine import read_options_at
+    from ..serve.openai.trtllm import model_link, trtllm_serve_command
 
     engine = Path(args.engine_dir).absolute()
     link = model_link(engine, args.model_name, repo)

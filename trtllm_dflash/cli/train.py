@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .common import model_path, run_cli
+from ..utils.cli import run_cli
+from .common import model_path
 
 PROG = "dflash-train"
 
@@ -79,7 +80,7 @@ def run(argv: list[str] | None) -> int:
                      eval_prompts=args.eval_prompts, eval_every=args.eval_every, save_every=args.save_every,
                      mask_token_id=args.mask_token_id, device=args.device, seed=args.seed, resume=args.resume,
                      save_format=args.save_format)
-    from ..pipeline import check_device
+    from ..engine.pipeline import check_device
     from ..train.trainer import train
 
     check_device(spec.device)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 
 FORMAT = "dflash-step-cost/1"
 

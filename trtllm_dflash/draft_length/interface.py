@@ -15,7 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
-from ..draft_len_schedule import DraftLenSchedule
+from .schedule import DraftLenSchedule
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,6 @@ import numpy as np
 
 from .acceptance import CONTEXT_BASE, CONTEXT_BUCKETS, context_buckets
 
-
 HISTORY_DECAY = 0.9  # per verdict of a bucket: its paid and failed counts remember about its last 10 verdicts
 
 

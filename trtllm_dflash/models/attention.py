@@ -20,10 +20,10 @@ Design note: the contract every model family builds on.
   query can see, which is why rolling back a rejected block costs nothing.
 - Kernel: torch SDPA with an additive mask built once per forward and mask kind (exact on CPU;
   with sinks an explicit softmax). On CUDA, cached-mode full-attention layers (no window, <= 16 queries a row) call
-  `torch.ops.trtllm_dflash.paged_attention` (plugins/paged_attention): a Triton kernel reading each row's
+  `torch.ops.trtllm_dflash.paged_attention` (trtllm_dflash/plugins/paged_attention): a Triton kernel reading each row's
   keys in place from the paged pool through its block table, visibility derived from the positions:
   no gather, no mask tensor. The env var TRTLLM_DFLASH_PAGED_ATTENTION (auto / triton / off, read in
-  plugins/paged_attention/op.py) picks; the CPU keeps gather + SDPA unless it says triton (tests).
+  trtllm_dflash/plugins/paged_attention/op.py) picks; the CPU keeps gather + SDPA unless it says triton (tests).
 - Caches: `ctx.cache.layers[i]` is the cache of attention layer i (kv_cache.py: full or
   sliding-window ring) with write / view / key_positions. Recurrent (linear-attention) layers keep
   their state in `ctx.cache.state` (state_cache.py) and fold `ctx.commit` tokens into it.

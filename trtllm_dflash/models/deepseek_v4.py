@@ -23,12 +23,21 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import TargetConfig
-from ..kv_cache import KVCache, LayerCacheSpec
-from ..parallel import SINGLE, Parallel
+from ..cache.kv_cache import KVCache, LayerCacheSpec
+from ..config.model import TargetConfig
+from ..distributed.parallel import SINGLE, Parallel
 from .attention import ForwardContext
-from .deepseek_v4_layers import (DsAttention, DsRMSNorm, DsRotary, HashRouter, HyperConnection, HyperHead,
-                                 LimitedMLP, ScoreRouter, mix)
+from .deepseek_v4_layers import (
+    DsAttention,
+    DsRMSNorm,
+    DsRotary,
+    HashRouter,
+    HyperConnection,
+    HyperHead,
+    LimitedMLP,
+    ScoreRouter,
+    mix,
+)
 from .layers import LMHead, VocabEmbedding
 from .moe import Experts
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..deepseek_v4_config import CSA, SLIDING, DeepseekV4Config
-from ..moe_config import MoeConfig
+from ..config.deepseek_v4 import CSA, SLIDING, DeepseekV4Config
+from ..config.moe import MoeConfig
 from .attention import AttentionSpec, additive, eager_with_sinks
 from .layers import MLP, RMSNorm, Rotary
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import DrafterConfig
-from ..kv_cache import KVCache, LayerCacheSpec
-from ..parallel import SINGLE, Parallel
+from ..cache.kv_cache import KVCache, LayerCacheSpec
+from ..config.model import DrafterConfig
+from ..distributed.parallel import SINGLE, Parallel
 from .attention import ExplicitContext, ForwardContext
 from .layers import MLP, Attention, RMSNorm, Rotary
 

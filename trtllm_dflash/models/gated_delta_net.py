@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import TargetConfig
-from ..parallel import SINGLE, Parallel
-from ..state_cache import RecurrentState
+from ..cache.state_cache import RecurrentState
+from ..config.model import TargetConfig
+from ..distributed.parallel import SINGLE, Parallel
 from .gated_delta_rule import gated_delta_rule
 
 

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import TargetConfig
-from ..families import FULL, SLIDING
-from ..kv_cache import BlockTable, KVCache, LayerCacheSpec
-from ..parallel import SINGLE, HeadSplit, Parallel
+from ..cache.kv_cache import BlockTable, KVCache, LayerCacheSpec
+from ..config.families import FULL, SLIDING
+from ..config.model import TargetConfig
+from ..distributed.parallel import SINGLE, HeadSplit, Parallel
 from .attention import ForwardContext
 from .gemma4_layers import GeluMLP, Gemma4Router, Gemma4SelfAttention, GemmaRMSNorm, LayerTypeRotary
 from .layers import LMHead, VocabEmbedding

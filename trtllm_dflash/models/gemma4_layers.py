@@ -12,12 +12,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import RopeConfig, TargetConfig
-from ..families import FULL, SLIDING
-from ..gemma4_config import Gemma4Attention as AttentionShape
-from ..gemma4_config import Gemma4Config
-from ..moe_config import MoeConfig
-from ..parallel import SINGLE, HeadSplit, Parallel
+from ..config.families import FULL, SLIDING
+from ..config.gemma4 import Gemma4Attention as AttentionShape
+from ..config.gemma4 import Gemma4Config
+from ..config.model import RopeConfig, TargetConfig
+from ..config.moe import MoeConfig
+from ..distributed.parallel import SINGLE, HeadSplit, Parallel
 from .attention import AttentionSpec
 from .layers import MLP, PackedLinear, RMSNorm, Rotary, apply_rope, keep_checkpoint_names
 

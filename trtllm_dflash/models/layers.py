@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import DecoderConfig, RopeConfig
-from ..parallel import SINGLE, HeadSplit, Parallel, padded_vocab
+from ..config.model import DecoderConfig, RopeConfig
+from ..distributed.parallel import SINGLE, HeadSplit, Parallel, padded_vocab
 from .attention import AttentionSpec
 
 

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..moe_config import MoeConfig
-from ..parallel import SINGLE, Parallel
+from ..config.moe import MoeConfig
+from ..distributed.parallel import SINGLE, Parallel
 from .layers import MLP
 
 GROUPED_MM = getattr(F, "grouped_mm", None)

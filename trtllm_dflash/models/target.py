@@ -7,10 +7,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import TargetConfig
-from ..kv_cache import KVCache, LayerCacheSpec
-from ..parallel import SINGLE, Parallel
-from ..state_cache import RecurrentState
+from ..cache.kv_cache import KVCache, LayerCacheSpec
+from ..cache.state_cache import RecurrentState
+from ..config.model import TargetConfig
+from ..distributed.parallel import SINGLE, Parallel
 from .attention import ForwardContext
 from .deepseek_v4 import DeepseekV4Target
 from .gated_delta_net import GatedDeltaNet

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 
 STDLIB = Path(__file__).parent / "stdlib"
 HELD_OUT_SEED = 1234

@@ -27,10 +27,10 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from ..cache.kv_cache import blocks_for
 from ..draft_length.policy import FixedDraftLen
-from ..errors import DFlashError
-from ..kv_cache import blocks_for
-from ..request import Request
+from ..engine.request import Request
+from ..utils.errors import DFlashError
 
 MAX_WAIT_S = 0.05  # default cap on how long the gate holds a request
 PROBE_TOKENS = 16  # prompt tokens of the requests `fixed_cost` admits (a compiled prefill's alignment)

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 
 BACKENDS = ("torch", "trtllm")
 DEFAULT_IMAGES = {"torch": "trtllm-dflash:torch", "trtllm": "trtllm-dflash:trtllm"}  # docker/README.md builds them

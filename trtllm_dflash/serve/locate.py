@@ -9,7 +9,7 @@ import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 
 NGC = Path("/opt/tritonserver")
 HOW_TO_GET = ("no tritonserver found: run inside NVIDIA's tritonserver container (/opt/tritonserver), put "

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 import subprocess
 import sys
-import shutil
 
 import torch.distributed as dist
 
-from ..generator import Generator, Sequence
-from ..request import Request
+from ..engine.generator import Generator, Sequence
+from ..engine.request import Request
 
 
 def broadcast(message=None):

@@ -16,9 +16,9 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..errors import DFlashError
-from ..generator import Generator, Sequence
-from ..request import Request
+from ..engine.generator import Generator, Sequence
+from ..engine.request import Request
+from ..utils.errors import DFlashError
 from .admission import AdmissionGate, AdmissionSettings, fixed_cost
 from .failures import CANCELLED, INTERNAL_ERROR, OVERLOADED, SHUTTING_DOWN
 from .torch_thread import TorchThread

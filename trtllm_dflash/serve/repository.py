@@ -17,13 +17,13 @@ from pathlib import Path
 
 import yaml
 
-from ..builder.manifest import Manifest
-from ..draft_length.settings import AUTO, make_policy
-from ..engine import DECODINGS
-from ..errors import DFlashError
-from ..step_mode import AUTO as STEP_AUTO
-from ..step_mode import MODES as STEP_MODES
-from ..threads import resolve_threads
+from ..compilation.step_mode import AUTO as STEP_AUTO
+from ..compilation.step_mode import MODES as STEP_MODES
+from ..config.manifest import Manifest
+from ..engine.draft_len import AUTO, make_policy
+from ..engine.loader import DECODINGS
+from ..utils.errors import DFlashError
+from ..utils.threads import resolve_threads
 from .admission import MAX_WAIT_S, AdmissionSettings
 
 # (name, Triton type, dims, optional) of TensorRT-LLM's llmapi model, plus our extensions

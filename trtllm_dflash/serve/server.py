@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 from .locate import TritonInstall
 from .shutdown import EXIT_TIMEOUT_S, STOP_FILE_ENV, begin_drain, unload_all
 

@@ -7,8 +7,8 @@ import sys
 import torch
 import torch.distributed as dist
 
-from ..engine import load_engine
-from ..rendezvous import join_local_group
+from ..distributed.rendezvous import join_local_group
+from ..engine.loader import load_engine
 from .lockstep import follow
 
 

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton Python backend
 
-from ..draft_length.settings import make_policy
-from ..engine import load_engine
-from ..errors import DFlashError
-from ..kv_cache import BLOCK
-from ..request import Request
-from ..sampling import SamplingParams
-from ..threads import set_threads
+from ..cache.kv_cache import BLOCK
+from ..engine.draft_len import make_policy
+from ..engine.loader import load_engine
+from ..engine.request import Request
+from ..sample.sampling import SamplingParams
+from ..utils.errors import DFlashError
+from ..utils.threads import set_threads
 from .admission import MAX_WAIT_S, AdmissionSettings
 from .loop import Counters, ServeRequest, ServingLoop
 from .shutdown import STOP_FILE_ENV
@@ -194,7 +194,7 @@ class TritonPythonModel:
             pipeline = load_engine(engine_dir, device=device, decoding=decoding, step_mode=step_mode)
             self.startup = pipeline.startup
             return pipeline.generator, pipeline.tokenizer
-        from ..rendezvous import join_local_group, listen_loopback
+        from ..distributed.rendezvous import join_local_group, listen_loopback
         from .lockstep import LockstepGenerator, spawn_workers
 
         listener = listen_loopback()  # bound before the workers start: they connect to its port

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import ACCEPT, BONUS, SamplingBatch, sample, token_probs, uniforms
+from ..sample.sampling import ACCEPT, BONUS, SamplingBatch, sample, token_probs, uniforms
 
 
 def accept(drafts: torch.Tensor, draft_probs: torch.Tensor | None, target_logits: torch.Tensor,

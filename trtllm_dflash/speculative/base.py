@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..sampling import SamplingBatch
-from ..step_mode import StepMode, StepShapes
+from ..compilation.step_mode import StepMode, StepShapes
+from ..sample.sampling import SamplingBatch
 
 
 @dataclass

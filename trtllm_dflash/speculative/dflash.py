@@ -6,13 +6,13 @@ from dataclasses import replace
 
 import torch
 
-from ..kv_cache import KVCache
+from ..cache.kv_cache import KVCache
 from ..models.attention import ForwardContext
 from ..models.drafter import DFlashDrafter
 from ..models.target import TargetModel
 from ..plugins.context_kv import context_kv_weights
 from ..plugins.context_kv.op import write_context_kv
-from ..sampling import PROPOSE, sample, token_probs, uniforms
+from ..sample.sampling import PROPOSE, sample, token_probs, uniforms
 from .base import ContextTokens, Proposer, StepBatch
 
 CONTEXT_KV_PATHS = ("op", "triton", "unfused")

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from ..generator import Generator
+from ..engine.generator import Generator
+from ..engine.request import Request
 from ..models.target import TargetModel
-from ..request import Request
 from ..speculative import AutoregressiveProposer
 from .corpus import snippets, split, stdlib_sources
 

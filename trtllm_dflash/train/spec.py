@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:

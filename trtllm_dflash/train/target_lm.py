@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import DFlashError
+from ..utils.errors import DFlashError
 from .corpus import SourceFile
 from .schedule import warmup_cosine
 

@@ -16,16 +16,16 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import read_json
-from ..config import DrafterConfig
-from ..drafter_checkpoint import Verifier, config_json, write_drafter
-from ..errors import DFlashError
-from ..generator import Generator
-from ..loading import LoadedTarget, load_target
+from ..checkpoint.drafter import Verifier, config_json, write_drafter
+from ..checkpoint.hf import read_json
+from ..checkpoint.loader import LoadedTarget, load_target
+from ..config.model import DrafterConfig
+from ..config.pairing import validate_pair
+from ..engine.generator import Generator
+from ..engine.request import Request, pooled_tau
 from ..models.drafter import DFlashDrafter
-from ..pairing import validate_pair
-from ..request import Request, pooled_tau
 from ..speculative import DFlashProposer
+from ..utils.errors import DFlashError
 from .data import TrainingSet, encode, read_prompts, regenerate, stdlib_prompts
 from .objective import block_loss, decay_weights
 from .schedule import warmup_cosine
@@ -104,7 +104,7 @@ def prepare_data(spec: TrainSpec, target: LoadedTarget, progress: Progress) -> t
 @torch.no_grad()
 def capture(target, sequences: torch.Tensor, layer_ids, device: str) -> torch.Tensor:
     """[N, S] ids -> [N, S, len(ids) * hidden] target features, stored in bfloat16 on the CPU (memory)."""
-    from ..distill import capture_features
+    from .distill import capture_features
 
     chunks = [capture_features(target, sequences[i:i + FEATURE_CHUNK].to(device), tuple(layer_ids)).to("cpu",
               torch.bfloat16) for i in range(0, len(sequences), FEATURE_CHUNK)]

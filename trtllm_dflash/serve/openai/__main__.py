@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ...cli.common import run_cli
+from ...utils.cli import run_cli
 
 PROG = "dflash-serve"
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ...errors import DFlashError
+from ...utils.errors import DFlashError
 from .protocol import InvalidRequest
 
 

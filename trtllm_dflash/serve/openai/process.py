@@ -7,7 +7,7 @@ import sys
 import time
 import urllib.request
 
-from ...errors import DFlashError
+from ...utils.errors import DFlashError
 from .server import FrontendSettings
 
 

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Any
 
 
-
 @dataclass
 class Final:
     """What the Triton model reports with its last response."""

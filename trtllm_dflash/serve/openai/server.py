@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ...errors import DFlashError
+from ...utils.errors import DFlashError
 
 GRACEFUL_S = 5.0  # after SIGTERM, what is still running after this long is cancelled outright
 
@@ -56,8 +56,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def load_frontend(settings: FrontendSettings):
-    from ...builder.manifest import Manifest
-    from ...checkpoint import load_tokenizer
+    from ...checkpoint.hf import load_tokenizer
+    from ...config.manifest import Manifest
     from .app import Frontend
     from .chat import ChatTemplate, read_template
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ...errors import DFlashError
+from ...utils.errors import DFlashError
 
 LINKS = ".dflash-openai"  # beside the model repository: Triton must not see the link as a model
 
