@@ -1,7 +1,7 @@
 """Every cited result exists: each `benchmarks/results/...` path named in the package's and the benchmarks' code
-(comments, docstrings, defaults), in docs/*.md, README.md and benchmarks/README.md (there also `results/...`,
-relative to benchmarks/) is a file or folder of this repository, and so is every repository path in backticks in
-the package's and the benchmarks' code. tests/test_docs.py checks the docs' backticked paths and links.
+(comments, docstrings, defaults), in docs/*.md, README.md, the result records' own .md files and
+benchmarks/README.md (there also `results/...`, relative to benchmarks/) is a file or folder of this repository,
+and so is every repository path in backticks in the package's and the benchmarks' code. tests/test_docs.py checks the docs' backticked paths and links.
 
 A citation may name several files at once: `gpu_policy.{json,log}` (each must exist) or `gpu_schedule_*.json`
 (some file must fit). A template (`results/{name}.json`, `$OUT/...`) is not a citation and is skipped, nor is
@@ -27,7 +27,8 @@ TRAILING = ".,;:)'\"`"
 def sources() -> list[Path]:
     code = sorted((ROOT / "trtllm_dflash").rglob("*.py")) + sorted((ROOT / "benchmarks").rglob("*.py"))
     docs = [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    return code + docs
+    records = sorted((ROOT / "benchmarks" / "results").rglob("*.md"))  # a device run's RUN.md cites its files
+    return code + docs + records
 
 
 def expand(path: str) -> list[str] | None:
