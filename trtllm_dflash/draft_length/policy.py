@@ -25,7 +25,8 @@ __all__ = ["BatchView", "CostBasedDraftLen", "DraftLenPolicy", "FixedDraftLen", 
 
 # Each rule's reasoning and measurement: docs/draft-length-policy.md.
 PLAIN_ONLY_AFTER = 16  # plain-best steps in a row before newcomers are admitted plain-only
-# Steps a plain choice is kept while the batch and the acceptance evidence stay the same (host time between steps).
+# Steps a plain choice is kept while the batch and the acceptance evidence stay the same: choosing is host time
+# between steps (benchmarks/results/policy_overhead.json).
 PLAIN_KEPT_STEPS = 8
 # Steps a drafting choice is kept while the batch stays the same and it beats plain by DRAFT_KEPT_GAIN times the
 # margin at the live cost factors (`keeps_drafting`); the kept steps' evidence is folded in at the next choice.
@@ -34,8 +35,9 @@ DRAFT_KEPT_GAIN = 1.1
 CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the policy reads
 # A request's own decayed drafting steps (trials of draft position 1) before it may drop the drafter's context.
 OWN_PROBES = 1.5
-# A lone request's probe accepting drafts its evidence gave less than this chance ages that evidence by the plain
-# run before it (`AcceptanceModel.age`): the request changed. benchmarks/results/draft_len_batch1_threads1.json
+# When a lone request's probe accepts drafts its evidence gave less than this chance (the product of its mean rates
+# at the accepted positions), that evidence ages by the plain run before the probe (`AcceptanceModel.age`): the
+# request changed. benchmarks/results/draft_len_batch1_threads1.json
 SURPRISE = 0.1
 # Above ProbeSettings.newcomer_batch requests a drafting step must reach this many times the plain step's expected
 # tokens/s: the models miss part of a served step's cost. Small batches keep no margin (that is where requests
