@@ -3,7 +3,7 @@
 Runs `dflash-generate --target builtin --drafter builtin --prompt "def main():" --max-new-tokens 128 --draft-len
 auto --json` as fresh processes, sharing one cached step-cost model of the pair (a scratch
 $TRTLLM_DFLASH_CACHE_DIR, calibrated by an untimed first run), two rules per round in alternating order: the
-live cost correction as it is (`dead_band`) and as it was before its dead band (`noise_blind`:
+live cost correction as it is (`dead_band`) and without its dead band (`noise_blind`:
 `CorrectionSettings(noise=0)`, the decayed shrunk mean alone). A busy background Python process runs during every
 other round. Reported per rule: tau per run, its spread (max - min) / (2 median), tokens/s, and the load average
 when each run ended.

@@ -5,8 +5,8 @@
 #   MODES=eager,cuda-graphs TESTS=1 bash benchmarks/gpu_lease.sh 540
 #
 # - TESTS=1: pytest tests/test_cuda_steps.py first (every step mode's greedy output against transformers on the
-#   GPU, CUDA graphs really replayed, one host sync per step); 110 s for the three non-graph tests and 96 s for
-#   the two cuda-graphs ones on an H200 (2026-11-26).
+#   GPU, CUDA graphs really replayed, one host sync per step); about 2 minutes each for the three non-graph and
+#   the two cuda-graphs tests (benchmarks/results/gpu_h200/RUN.md).
 # - TESTS=after: the session first, then only the cuda-graphs tests (-k cuda-graphs) in the time left, if at
 #   least 100 s are (a lease whose main goal is the session's numbers).
 # - PAGED=1: benchmarks/paged_attention_gpu.py next (one decode step's attention, the paged kernel against gather +

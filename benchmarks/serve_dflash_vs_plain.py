@@ -8,9 +8,7 @@ drafter, block 16) served twice by the real tritonserver on loopback: `--decodin
 `--draft-len` (default auto: chosen every step from the calibrated step cost and live acceptance). Both
 servers run at once, started fresh for every repeat; each point runs on one and then on the other (the
 idle one waits), the order alternating from point to point and between repeats, so the two measurements
-of a point lie seconds apart. (Until commit ff7ff5f one server ran every point and then the other, minutes
-apart: on this shared machine the server that ran second read slower at the 1024-token points in most
-repeats, whichever it was, and the ratios carried that drift.) Each server runs every point: prompts of two
+of a point lie seconds apart (points run minutes apart carry the shared machine's drift into the ratio). Each server runs every point: prompts of two
 context lengths (held-out stdlib code: short snippets of about 60-200 tokens, and 1024-token windows of
 held-out files) x concurrency 1, 4, 16 (closed loop, N requests in flight, HTTP /generate, 128 new tokens,
 EOS ignored; 6 requests per client by default), snippets first. Output tokens/s = tokens / wall time of the

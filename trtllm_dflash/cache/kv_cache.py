@@ -113,10 +113,8 @@ class FullKV:
     def view(self, ctx, rows: slice | Tensor, kv_len: int) -> tuple[Tensor, Tensor]:
         # -> k, v [B, H_kv, kv_len, D], gathered from the rows' blocks (one copy; the transpose is a view)
         # kv_len // BLOCK + 2 blocks (the table's last two columns are null, so they exist): at least two, and
-        # always more positions than kv_len, so one compiled graph serves every kv_len. blocks_for(kv_len) gave
-        # each pass four: a span of one block (nb = 1) was specialised, and a span of a whole number of blocks
-        # (the slice below a no-op) guarded apart; a load-time warm-up met only some of them, and requests
-        # compiled the rest (a warm start's generate met kv_len == BLOCK and compiled at its first step). The
+        # always more positions than kv_len, so one compiled graph serves every kv_len (with blocks_for(kv_len) a
+        # one-block span and a whole number of blocks would each specialise, compiled at a request's step). The
         # price: one or two blocks per row read past the span, never visible (keys past kv_len are sliced off).
         # [B, nb], read once per forward: every full layer of a cache shares its one table (a string key, not the
         # table's id: a compiled pass would guard on that object and recompile for every new allocation)
@@ -125,8 +123,8 @@ class FullKV:
 
     @staticmethod
     def gather(pool: Tensor, blocks: Tensor, kv_len: int) -> Tensor:
-        # index_select, not pool[blocks]: on one CPU thread, 25 us against 122 us for the same copy (8 rows of 12
-        # blocks of [16, 2, 64] float32, the built-in pair's plain step at batch 8)
+        # index_select, not pool[blocks]: several times faster for the same copy on a CPU
+        # (benchmarks/results/paged_vs_slot.json)
         b, nb = blocks.shape
         x = pool.index_select(0, blocks.flatten())  # [B * nb, BLOCK, H_kv, D]
         return x.view(b, nb * BLOCK, *x.shape[-2:])[:, :kv_len].transpose(1, 2)

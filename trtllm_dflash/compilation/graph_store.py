@@ -18,15 +18,10 @@ export every pass and record graphs around them by hand, a second compiled path 
 caches keep the one path and take away its cost; what they cannot carry (a foreign torch, a changed graph) misses
 and compiles as without them, so a wrong or damaged artefact costs time, never a token.
 
-What a warm start still pays is dynamo tracing each graph it loads (the built-in pair's one-request process: 4
-graphs, 9 s of its 13.5 s on the quiet 2-core CPU), so a process traces only the graphs it can run
-(`step_mode.compile_step_shapes`, max_batch), and one that prefills once does it eagerly (`engine.load_engine`). Skipping dynamo too was
-tried and not taken: torch's caching precompile (`torch._dynamo.config.caching_precompile`, torch/_dynamo/package.py,
-torch 2.13, "experimental") stores dynamo's bytecode and guards in the same caches and loaded the built-in pair's
-graphs without tracing, but drops ID_MATCH and CLOSURE_MATCH guards, and a graph compiled on top of loaded ones
-failed inside dynamo (AssertionError: Name '__builtins_dict___2' already exists in scope): a crash where this
-module promises a fall-back. `torch._dynamo.aot_compile` (one AOTCompiledFunction per graph, dispatched by its
-guards, as vLLM loads its graphs) is the next candidate.
+What a warm start still pays is dynamo tracing each graph it loads (most of a warm start:
+benchmarks/results/startup_cpu.json), so a process traces only the graphs it can run
+(`step_mode.compile_step_shapes`, max_batch), and one that prefills once does it eagerly (`engine.load_engine`).
+Skipping dynamo too (torch's caching precompile, `torch._dynamo.aot_compile`): docs/compiled-engines.md.
 
 Layout: ENGINE/compiled/<16 hex of the key>/{manifest.json, graphs.bin, kernels.tar}; manifest.json holds the key
 and each file's sha256 and size, checked before anything is loaded.

@@ -8,9 +8,8 @@
   (one row or several, one token or a block: four target graphs, two more of plain decoding's pass that
   captures no features, two drafter graphs; with the prefill's two, `dflash-build compile` stores ten; caches keep at least 2
   slots for that reason). The target's prefill is compiled too (`compile_prefill`), with symbolic rows and
-  prompt length (right-padded to `PREFILL_ALIGN`): eager, an admission of the built-in pair ran ~1,600 aten
-  ops, which on an H100 cost ~6 ms for any prompt length, 4-5 of its plain steps; compiled, 3.2-3.6 ms
-  (benchmarks/results/gpu_h100_policy/).
+  prompt length (right-padded to `PREFILL_ALIGN`): an eager admission is host-bound, its cost the same at
+  any prompt length (benchmarks/results/gpu_h100_policy/RUN.md).
 - cuda-graphs (the default on CUDA): `compile` in inductor's "reduce-overhead" mode, which records one
   CUDA graph per input shape and replays it: one launch per pass instead of hundreds. The running
   batch, the verify width and the key span are padded to buckets (`StepShapes`), which bounds the
@@ -60,12 +59,10 @@ class StepShapes:
 
     min_rows = min_width = 2 (`GRAPH_SHAPES`) keeps every size of a compiled pass above 1, which torch.compile
     specialises: one target graph and one drafter graph to compile instead of four and two (one row or
-    several, one token or a block). The compile work is the same on a CPU: the warm-up of gpu_decode's random
-    build at hidden 256, 8 target layers, took 33-34 s instead of 73-77 s there, exact (a one-off
-    measurement; its script, compile_regions.py, was not kept). The price: a lone request steps as two rows and a plain
-    step that keeps the drafter's context as two tokens per row. Plain-only requests alone step one token per
-    row (`Generator.padded`: plain decoding's pass, one more target graph), since on an H100 the padded plain
-    step of the built-in pair (float32) cost up to 1.6x plain decoding's (benchmarks/results/gpu_h100_policy/)."""
+    several, one token or a block), about half the warm-up. The price: a lone request steps as two rows and a
+    plain step that keeps the drafter's context as two tokens per row. Plain-only requests alone step one token
+    per row (`Generator.padded`: plain decoding's pass, one more target graph), since the padded plain step cost
+    more than plain decoding's (benchmarks/results/gpu_h100_policy/plain_path/)."""
 
     min_span: int = 256  # keys
     min_rows: int = 1
@@ -73,8 +70,7 @@ class StepShapes:
     # cache positions per slot are a multiple of this (`capacity`), so every key span (a power of two from
     # min_span, or the whole capacity) is too: inductor on CUDA guards a graph on whether a size is a multiple
     # of 8 (16-byte alignment of bf16 rows, `is_aligned_realized_tensor` in torch/_inductor/ir.py, torch 2.11),
-    # and a warm-up whose capacity was not one recompiled both 36-layer graphs (~100 s on an H100) at the first
-    # aligned span; 16 covers one-byte dtypes too
+    # so an unaligned warm-up capacity recompiles every graph at the first aligned span; 16 covers one-byte dtypes
     align: int = 16
 
     def capacity(self, positions: int) -> int:

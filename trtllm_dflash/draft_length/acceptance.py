@@ -1,26 +1,15 @@
 """Live acceptance statistics: how many drafts each running request can expect the target to accept.
 
-Draft position j (1-based) has a conditional acceptance rate alpha_j = P(draft j accepted | drafts
-1..j-1 accepted). A verified step with draft length k and a accepted drafts is evidence for
-positions 1..min(a + 1, k): accepted at 1..a, rejected at a + 1 when a < k. Positions past k say
-nothing. Counts are kept per cache slot (the request in it) and pooled over all requests; old
-evidence decays (exponential forgetting) at every drafting step, at positions past k as well, so
-the estimates follow drift, also at positions the chosen draft length no longer drafts. Acceptance
-also depends on the context length (the built-in pair accepts far less at 1024 tokens than at 100), so pooled
-counts are kept per context bucket as well (below 256 tokens, then one per doubling), and a new
-request starts from the rates of its prompt's bucket: without that, every long request after a run
-of short ones drafted on the short ones' rates until its own rejections taught it otherwise.
-Estimates are shrunk where evidence is thin: a slot's toward its bucket's rate; a bucket's counts get
-the other contexts' evidence scaled down to a few trials (deep positions' acceptances scaled by the
-bucket's alpha_1 relative to theirs); a rate at position j is shrunk toward the rate at j - 1,
-position 1 toward `prior`. The rates the policy plans with are optimistic:
-`optimism` standard errors above the estimate (an upper confidence bound, as in bandit exploration;
-at a deep position no more than at position 1).
-Without it one early rejection, or positions never reached because the drafts were short, would
-look like poor acceptance and keep
-the policy from ever drafting deep enough to learn otherwise; with it thin evidence explores and
-ample evidence (at batch 1 about 1 / (1 - pooled_decay) steps) leaves a small bias. Host arrays
-only (numpy, [slots, positions]): the generator already has the accepted counts on the host.
+Draft position j (1-based) has a conditional acceptance rate alpha_j = P(draft j accepted | drafts 1..j-1
+accepted). A verified step of k drafts with a accepted is evidence for positions 1..min(a + 1, k): accepted at
+1..a, rejected at a + 1 when a < k. Counts are kept per cache slot (the request in it), pooled, and per context
+bucket (below 256 tokens, then one per doubling: acceptance falls with context), and decay at every drafting step,
+at positions past k as well, so estimates follow drift. A new request starts from its prompt's bucket.
+Thin evidence is shrunk: a slot's rate toward its bucket's, a bucket's toward the other contexts' evidence, a rate
+at position j toward j - 1's and position 1's toward `prior`. The policy plans with optimistic rates (an upper
+confidence bound, `optimism` standard errors above the estimate): else one early rejection, or positions never
+drafted, would read as poor acceptance and stop the policy from learning otherwise. Design:
+docs/draft-length-policy.md. Host arrays only (numpy, [slots, positions]).
 """
 
 from __future__ import annotations
@@ -64,8 +53,7 @@ def slot_rows(slots: list[int]) -> slice | list[int]:
 
 class AcceptanceModel:
     """Counts are stacked [2, ...] (trials, acceptances) so one numpy call updates or reads both: the model runs
-    between steps, where each call's fixed cost dominates arrays this small (a one-off measurement,
-    policy_host_time.py, not kept)."""
+    between steps, where each call's fixed cost dominates arrays this small."""
 
     def __init__(self, num_slots: int, max_draft_len: int, settings: AcceptanceSettings = AcceptanceSettings()):
         self.settings, self.max_draft_len = settings, max_draft_len
@@ -74,10 +62,8 @@ class AcceptanceModel:
         self.pooled_counts = np.zeros((2, k))  # [2, K] over all contexts
         self.bucket_counts = np.zeros((2, CONTEXT_BUCKETS, k))  # [2, C, K] per context bucket
         self.lengths = np.zeros(num_slots)  # [S] each slot's committed length (tokens), kept by `observe`
-        # observed steps not yet applied, in order: (slots, draft length, accepted, drafting); applied by `folded`
-        # before anything reads or changes the counts, so a policy that reads them every few steps pays the
-        # bookkeeping once for several steps, with its code warm after the first (between steps, right after
-        # the step's own work, each call runs several times slower: the same one-off measurement)
+        # observed steps not yet applied, in order: (slots, draft length, accepted, drafting); `folded` applies them
+        # before anything reads or changes the counts, so a policy reading every few steps pays once for several
         self.pending: list[tuple] = []
         # per row that accepted a = 0..K drafts, [3, K + 1, K]: the factor its own counts decay by (positions it
         # reached forget; so do those past the step's k, in `apply`), and its evidence: position j + 1 reached
@@ -128,9 +114,8 @@ class AcceptanceModel:
         drafting steps of theirs would (slot_decay each), the pooled and the context buckets' as `steps` drafting
         steps would (pooled_decay each), every position alike. Discounted UCB discounts every arm at every round,
         the arms not played included (Garivier & Moulines, ALT 2011); a plain step is a round where no drafting
-        arm was played. Without it, evidence ages only while a request drafts, so a request that opened hard and
-        then decodes plainly keeps its opening's rejections at full weight however long ago they were. The policy
-        calls it only where a lone request's probe contradicts that evidence (`CostBasedDraftLen.probed`)."""
+        arm was played. The policy calls it only where a lone request's probe contradicts that evidence
+        (`CostBasedDraftLen.probed`)."""
         self.folded()
         self.slot_counts[:, slots] *= self.settings.slot_decay ** steps
         factor = self.settings.pooled_decay ** steps
@@ -168,16 +153,10 @@ class AcceptanceModel:
         table = self.by_accepted[:, a, :k]  # [3, B, k]
         evidence = table[1:]  # [2, B, k]
         total = evidence.sum(1)  # [2, k]
-        # Every position forgets at a drafting step, the ones past k too (not drafted: censored by the choice).
-        # Forgetting only what a step reached let a short draft length lock itself in: where one draft cost little
-        # more than a plain step and two or more about twice (a cost table that reproduces that run's taus exactly;
-        # its own, calibrated on the loaded machine, was not kept), a request that opened hard (0, 1, 0, 2 drafts
-        # accepted in its first four steps, then most of the block) drafted one per step for the rest of its
-        # 128 tokens, alpha_1 rising to 0.99 while positions 2 and 3 kept the opening's 0.70 and 0.44: tau 1.92
-        # where drafting 15 gives 6.05 and 8.47 (benchmarks/results/draft_len_batch1_load.json, held-out prompts 2
-        # and 3). Evidence of a position not drafted since fades toward the chain's target, the rate of the
-        # position before it, so the policy drafts deeper again once the positions it drafts say that would pay,
-        # as discounted UCB returns to an arm not played for a while (Garivier & Moulines, ALT 2011).
+        # Every position forgets at a drafting step, the ones past k too (censored by the choice): else a short
+        # draft length locks itself in, its deep positions keeping an opening's rates. A position not drafted fades
+        # toward the rate of the one before it, as discounted UCB returns to an arm not played for a while
+        # (Garivier & Moulines, ALT 2011). benchmarks/results/draft_len_batch1_load.json
         self.pooled_counts *= decay
         self.pooled_counts[:, :k] += total
         for b in sorted(set(buckets)):  # only the buckets this step saw forget
@@ -196,11 +175,8 @@ class AcceptanceModel:
         """[..., K] decayed counts -> rates: position j's mean shrunk toward position j - 1's (position 1's
         toward `prior`) by `prior_weight` pseudo-trials; bound: each an upper confidence bound, the shrunk
         mean plus `optimism` standard errors of a rate seen on (trials + prior weight), at a deep position no
-        more than position 1's: a position reached rarely (a few trials) would otherwise get a bonus of up to
-        0.35 and look nearly certain, and a chain of such bonuses made drafting deep look worth it where
-        position 1 is well measured and poor (the built-in pair at 1024 tokens: alpha_1 about 0.45, yet
-        positions 4-6 planned at 0.85-1.0). A deep position matters only through position 1 (it is reached
-        only after position 1 is accepted), so its uncertainty should not drive exploration more."""
+        more than position 1's: a deep position is reached only after position 1 is accepted, so its (thin)
+        evidence's uncertainty should not drive exploration more than position 1's."""
         s = self.settings
         seen = tried + s.prior_weight  # [..., K]
         # the shrinkage is the recurrence mean_j = c_j + d_j * mean_(j-1), mean_0 = prior; in closed form
@@ -232,12 +208,9 @@ class AcceptanceModel:
         pooled estimate exactly). At deeper positions the borrowed acceptances are scaled by how the bucket's
         alpha_1 compares with the other contexts' (at most 1): a deep position is reached only after the
         drafts before it were accepted, so where position 1 is poor it stays thin for long, and borrowed at
-        face value it kept the other contexts' rate. On the built-in pair, after short prompts (deep rates
-        about 0.9) the first 1024-token requests (alpha_1 about 0.3, alpha_2 about 0.4) planned deep positions
-        near 0.9 and drafted the whole block for tens of steps (about 1.8 tokens for 2.6 plain steps' time
-        each), about 7 % of that point's time in a scratch trace of the served loop. Dropping the borrowed
-        deep evidence instead fixed that but cost requests that cross into a new bucket at an unchanged
-        acceptance (their deep positions then chained from alpha_1 alone)."""
+        face value it would keep the other contexts' rate (long prompts after short ones planned deep drafts that
+        lost). Dropping the borrowed deep evidence instead would chain a request crossing into a new bucket from
+        alpha_1 alone."""
         others = np.maximum(self.pooled_counts[:, None] - self.bucket_counts, 0.0)  # [2, C, K] the other contexts'
         np.minimum(others[1], others[0], out=others[1])  # their acceptances, at most their trials
         scale = np.minimum(1.0, self.settings.context_weight / np.maximum(others[0], 1e-9))  # [C, K]

@@ -1,26 +1,17 @@
 """Live correction of the calibrated step cost: what steps measure while serving, fed back.
 
-Calibration times steps back to back on an idle engine. A serving process steps between other work
-(tokenizing and answering requests, admissions, the server's own threads on the same cores), and
-its batches have free slots among running ones (the generator then gathers the running rows' cache),
-which the grid never measured; in the serving loop on the built-in pair steps ran over the grid,
-drafting steps more than plain ones, so the policy drafted where drafting lost. The grid keeps the
-shape (how cost grows with batch, draft length and context); this keeps its level honest: one factor
-for plain steps (k = 0) and one for drafting steps (k > 0), each the decayed mean of log(measured /
-predicted) over the steps of its kind, shrunk toward 1 while evidence is thin and bounded so a
-stray step (a page fault, a preempted thread) cannot make a kind look free or prohibitive. A padded shape's
-first steps since the allocation (CUDA graphs' warm-up and recording, 16-26 ms against 2-3 ms steady on an
-H100) are not fed at all (`Generator.settled`).
+Calibration times steps back to back on an idle engine; a serving process steps between other work (tokenizing,
+admissions, the server's threads on the same cores). The grid keeps the shape (how cost grows with batch, draft
+length and context); this keeps its level honest: one factor for plain steps (k = 0) and one for drafting steps
+(k > 0), each the decayed mean of log(measured / predicted) over the steps of its kind, shrunk toward 1 while
+evidence is thin and clipped so a stray step cannot make a kind look free or prohibitive. A padded shape's first
+steps since the allocation (CUDA graphs' warm-up and recording) are not fed at all (`Generator.settled`).
 
-On a shared machine a step's time also follows other processes' load, which comes and goes over a few steps.
-The policy compares plain and drafting costs, so only the two factors' ratio moves its choice, and each factor
-rests on the steps of its kind timed most recently: a run of slow drafting steps (another process busy then)
-priced drafting up, the policy turned plain, and with no drafting step timed the factor stayed there until
-the next probe. Identical `dflash-generate` runs on the built-in pair then chose differently (tau of one
-prompt 1.0-6.7 over three runs, benchmarks/results/draft_len_batch1.json before this rule). So a factor moves
-only by as much as its mean exceeds `noise` standard errors of that mean, from the kind's own step-to-step
-spread (a soft threshold; one step shows no spread and moves nothing): a steady overrun (a server's own
-overhead: every step alike) is still learned, scatter around the calibration is not.
+Only the two factors' ratio moves the policy's choice, and on a shared machine another process's load comes and
+goes over a few steps: a run of slow drafting steps would price drafting up and, with no drafting step timed
+after, keep it there. So a factor moves only by as much as its mean exceeds `noise` standard errors of that mean,
+from the kind's own step-to-step spread (a dead band; one step moves nothing): a steady overrun is still learned,
+scatter around the calibration is not. benchmarks/results/draft_len_repeats.json
 """
 
 from __future__ import annotations

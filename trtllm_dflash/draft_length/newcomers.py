@@ -1,26 +1,19 @@
 """Which newcomers get a probe of their own: per context bucket, backed off while that bucket's requests fail.
 
-A request admitted into a small batch drafts at its first step (`ProbeSettings.newcomer_batch`): acceptance
-differs far more between requests than between estimates of one context's rates, so one hard request must not
-stop the next, easy one from drafting. But where every request of a context bucket fails, each newcomer's probe
-is pure cost: the drafter's context for its prompt (written at its first drafting step: about a tenth of a
-1024-token prefill of the built-in pair, benchmarks/results/plain_only_admission.json), its drafting steps, and the context
-of its plain steps written at each later drafting step until it is dropped (a one-off measurement of what
-backing off gains, newcomer_backoff.py, was not kept). So the outcome of each request that drafted enough to judge (`OWN_PROBES` own steps) is
-kept per bucket of its prompt's length: paid (by its own estimate some draft length beats a plain step even
-alone) or failed (it stopped keeping the drafter's context, or ended without paying). After n >= 2 failures in
-a row, one newcomer of that bucket in 2^(n-1) probes, at most one in `longest`; one that pays restarts it. A bucket
-whose recent verdicts (decayed by HISTORY_DECAY per verdict) paid at least as often as they failed is not backed
-off whatever its run of failures: a mix of easy and hard prompts has runs of hard ones. Large batches' own
-back-off (`CostBasedDraftLen.crowd`) keeps the streak rule alone: there a request that pays decoding alone is
-judged paid though its batch would not draft, and a probe costs every row its verify. `make demo`'s held-out
-snippets paid for 14 of 16 requests at concurrency 1, then four hard ones in a row at concurrency 4 backed the
-bucket off to one newcomer in 8, and the rest of that point, and the next sweep's concurrency 1 on the same server,
-ran plain (benchmarks/results/bucket_history.json).
-The others join plain-only where no running request keeps the drafter's context, whatever the bucket's estimates
-say (`CostBasedDraftLen.drafts_for`): its pooled rates come mostly from its easy requests, which draft for many
-steps while a hard one stops after two. An easy request of a backed-off bucket is found at its bucket's turn, which
-restarts every newcomer's probe.
+A request admitted into a small batch drafts at its first step (`ProbeSettings.newcomer_batch`): one hard request
+must not stop the next, easy one from drafting. But where every request of a context bucket fails, each
+newcomer's probe is pure cost: the drafter's context for its prompt (benchmarks/results/plain_only_admission.json),
+its drafting steps, and its plain steps' context written at later drafting steps. So the outcome of each request
+that drafted enough to judge (`OWN_PROBES` own steps) is kept per bucket of its prompt's length: paid (by its own
+estimate some draft length beats a plain step even alone) or failed (it stopped keeping the drafter's context, or
+ended without paying). After n >= 2 failures in a row, one newcomer of that bucket in 2^(n-1) probes, at most one
+in `longest`; one that pays restarts it. A bucket whose recent verdicts (decayed by HISTORY_DECAY per verdict)
+paid at least as often as they failed is not backed off: a mix of easy and hard prompts has runs of hard ones
+(benchmarks/results/bucket_history.json). Large batches' own back-off (`CostBasedDraftLen.crowd`) keeps the streak
+rule alone: there a request that pays alone is judged paid though its batch would not draft.
+The others join plain-only where no running request keeps the drafter's context (`CostBasedDraftLen.drafts_for`):
+the bucket's pooled rates come mostly from its easy requests. An easy request of a backed-off bucket is found at
+its bucket's turn, which restarts every newcomer's probe.
 """
 
 from __future__ import annotations

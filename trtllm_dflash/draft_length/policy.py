@@ -23,73 +23,43 @@ __all__ = ["BatchView", "CostBasedDraftLen", "DraftLenPolicy", "FixedDraftLen", 
            "ScheduledDraftLen"]
 
 
+# Each rule's reasoning and measurement: docs/draft-length-policy.md.
 PLAIN_ONLY_AFTER = 16  # plain-best steps in a row before newcomers are admitted plain-only
-# A plain choice is kept for this many steps while the batch and the acceptance evidence stay the same: only
-# its context and the live cost factors drift then, slowly. The host work of choosing, small alone (about 15
-# us), runs several times slower between steps (the step has just evicted it from the caches) and was a few
-# percent of a plain step of the built-in pair.
+# Steps a plain choice is kept while the batch and the acceptance evidence stay the same: choosing is host time
+# between steps (benchmarks/results/policy_overhead.json).
 PLAIN_KEPT_STEPS = 8
-# A drafting choice is kept for this many steps while the batch stays the same and the choice beats plain by
-# DRAFT_KEPT_GAIN times the batch's margin at the live cost factors (`CostBasedDraftLen.keeps_drafting`). Only the
-# kept steps' evidence and slow drifts (context, cost factors) change meanwhile; the acceptance model applies the
-# evidence of those steps in one go at the next choice (`AcceptanceModel.folded`). Choosing at every drafting step
-# cost the built-in pair's closed loop about 400 us of host time a step at 1 row and 580 at 16 on this project's
-# CPU, with the H100's cost model (a one-off script, policy_host_time.py, not kept: the step has just evicted the policy's code and
-# data from the caches, so the same work runs about four times slower than warm). Keeping choices took it to about
-# 150 and 400 us. On an H100 a 1-row whole-block step of that pair took 2.5-3.6 ms always drafting 15 and 3.1-4.4
-# ms under this policy (per-repeat medians, benchmarks/results/gpu_h100_policy/prefill_e1f6625).
+# Steps a drafting choice is kept while the batch stays the same and it beats plain by DRAFT_KEPT_GAIN times the
+# margin at the live cost factors (`keeps_drafting`); the kept steps' evidence is folded in at the next choice.
 DRAFT_KEPT_STEPS = 4
-DRAFT_KEPT_GAIN = 1.1  # at concurrency 16 on the H100's cost model, 9 in 10 drafting choices beat plain by more
+DRAFT_KEPT_GAIN = 1.1
 CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the policy reads
-# a request's own drafting steps (decayed trials of draft position 1: two steps are 0.9 + 1 = 1.9) before it may
-# stop paying for the drafter's context (`CostBasedDraftLen.keeps_context`)
+# A request's own decayed drafting steps (trials of draft position 1) before it may drop the drafter's context.
 OWN_PROBES = 1.5
-# A probe of a request decoding alone that accepted drafts its evidence gave less than this chance of (the product
-# of its mean rates at the accepted positions) ages that evidence by the plain run before it counts
-# (`AcceptanceModel.age`): it says the request changed since. Alone only: in a greedy replay of 16 held-out prompts
-# in waves of 4 on a calibrated step-cost table, ageing at batches of 2-4 as well cost 2 % of the modelled rate (a
-# probe's ageing made the whole batch explore). At 0.2 the hard long requests of tests/test_draft_length.py (alpha_1
-# 0.3) aged at their lucky probes and explored: 0.961-0.964 of plain's rate over three seeds against 0.964-0.972
-# without ageing; at 0.1, 0.967-0.972, the same as without. Batch 1, one thread: auto 1.12x -> 1.16x always 15, the
-# prompt that had dropped the drafter's context after its hard opening at tau 1.02 -> 2.95 (15: 3.63)
-# (benchmarks/results/draft_len_batch1_threads1.json, and _962e462.json before).
+# When a lone request's probe accepts drafts its evidence gave less than this chance (the product of its mean rates
+# at the accepted positions), that evidence ages by the plain run before the probe (`AcceptanceModel.age`): the
+# request changed. benchmarks/results/draft_len_batch1_threads1.json
 SURPRISE = 0.1
-# In a batch larger than ProbeSettings.newcomer_batch, a drafting step is chosen over a plain one only when its
-# expected output tokens/s is at least this many times the plain step's. The models miss part of what a served
-# step costs: served steps spread around the live cost factors, the acceptance estimate is optimistic, and a
-# batch's requests finish apart. Drafting for a predicted few percent lost served: snippets at concurrency 16 gave
-# 0.93 of plain with no margin, 0.97 with 1.1 and 0.98 with 1.25, the last with 99 % of its steps plain
-# (`python benchmarks/serve_dflash_vs_plain.py --repeats 9 --warmup 4 --contexts short`, one run per value,
-# 2026-11-26, the margin then at every batch size). Small batches keep no margin: they are where requests explore
-# (newcomer probes, optimistic estimates), and a margin there let one early rejection of a drafter whose first
-# draft is a coin flip hold it to plain steps for most of a request (tests/test_draft_length.py).
+# Above ProbeSettings.newcomer_batch requests a drafting step must reach this many times the plain step's expected
+# tokens/s: the models miss part of a served step's cost. Small batches keep no margin (that is where requests
+# explore). benchmarks/results/min_gain_trial/
 MIN_GAIN = 1.25
 
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    """After `first` plain steps in a row a drafting step is tried; each probe that does not make
-    drafting win doubles the wait, up to `longest` steps (the cost of probing shrinks with it).
-    A request admitted into a batch of at most `newcomer_batch` requests (it included) probes at its
-    first step and restarts the back-off (probes after 16, 32, ... plain steps again): acceptance differs
-    far more between requests than between estimates of one context's rates (the built-in pair's
-    held-out snippets range from nearly every draft rejected to most of the block accepted), so after a
-    hard request a backed-off wait would keep an easy one from ever drafting (seen: a server whose first
-    request was hard decoded every later one plainly), and one probe is not enough (the built-in
-    drafter's first draft is a coin flip). A few small drafting steps per request cost a small batch
-    little; a large one would pay them for every row at every admission, and its rows' own drafting
-    steps teach it anyway. Where every request of a prompt-length bucket fails, newcomers of that bucket
-    probe less often, down to one in `newcomer_longest` (newcomers.py)."""
+    """After `first` plain steps in a row a drafting step is tried; each probe that does not make drafting win
+    doubles the wait, up to `longest` steps. A request admitted into a batch of at most `newcomer_batch` requests
+    probes at its first step and restarts the back-off: acceptance differs far more between requests than between
+    estimates of one request's rates, so a hard request must not keep an easy one from drafting. Where a
+    prompt-length bucket's requests keep failing, its newcomers probe less often, down to one in
+    `newcomer_longest` (newcomers.py)."""
 
     first: int = 16
     longest: int = 1024
     newcomer_batch: int = 4
     newcomer_longest: int = 16
-    # In a batch larger than newcomer_batch a probe drafts the least bad length among those whose step costs at
-    # most this many plain steps (one draft if none does). A probe's verify costs every row its k + 1 tokens: on
-    # the built-in pair at batch 16 the whole block cost 4.6 plain steps and 2 drafts 1.9, and the few
-    # probes a closed loop at concurrency 16 ran cost it a few percent of its throughput. Short drafts still show
-    # whether the first positions are accepted, which deep positions' estimates follow (acceptance.py).
+    # above newcomer_batch, a probe drafts only lengths whose step costs at most this many plain steps (else one
+    # draft): its verify costs every row k + 1 tokens, and short drafts still show the first positions' acceptance
     large_batch_cost: float = 2.0
 
 
@@ -130,14 +100,10 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.crowd: NewcomerBackoff | None = None  # ... its verdicts from large batches, for large batches (`judges`)
         self.crowd_waits = False  # the newcomers' bucket is backed off by large batches' verdicts (not its turn)
         self.admitted: frozenset[int] = frozenset()  # the slots of the last `admit`'s requests
-        # Whether a request ending now is judged as one of a small batch, as one stopping in the last `choose`'s
-        # batch is (`judging`). Verdicts from a batch of at most `probe.newcomer_batch` back off its bucket's
-        # newcomers everywhere (`newcomers`); those from a larger batch only newcomers joining a large batch
-        # (`crowd`). A large batch drafts rarely and short (its probes cost at most `large_batch_cost` plain
-        # steps: one or two drafts), so its requests' own evidence is mostly the first draft's, a coin flip for
-        # the built-in drafter. Counted for every newcomer, a closed loop of snippets at concurrency 16 backed their
-        # bucket off to one newcomer in 16 in most repeats, and the concurrency-4 point after it admitted all 24
-        # of its requests plain-only in 6 of 8 repeats, offline (benchmarks/results/bucket_verdicts.json).
+        # Whether a request ending now is judged as a small batch's (`judging`). Small batches' verdicts back off
+        # their bucket's newcomers everywhere (`newcomers`), large batches' only newcomers joining a large batch
+        # (`crowd`): a large batch drafts rarely and short, so its verdicts rest on little evidence.
+        # benchmarks/results/bucket_verdicts.json
         self.judges = True
         self.probing = False  # the step being chosen is a back-off probe (`probed`)
 
@@ -234,8 +200,8 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def keeps_drafting(self, batch: BatchView) -> bool:
         """Whether the last drafting choice, at the live cost factors now, still beats plain by DRAFT_KEPT_GAIN times
-        the margin, with at most a quarter of the requests within a block of their end (whose expected tokens
-        shrink with their remaining budget: at concurrency 16 one or more of them are in most steps)."""
+        the margin, with at most a quarter of the requests within a block of their end (their expected tokens
+        shrink with their remaining budget)."""
         plain, drafting = self.correction.factors()
         ending = sum(r <= batch.max_draft_len for r in batch.remaining)
         gain = self.kept_gain * plain / drafting
@@ -321,32 +287,22 @@ class CostBasedDraftLen(DraftLenPolicy):
         return self.correction.apply(self.step_table(len(batch.slots), batch.context, batch.max_draft_len))
 
     def step_table(self, rows: int, context: int, max_draft_len: int) -> np.ndarray:
-        """[K + 1] calibrated seconds at draft length 0..K, at the context rounded down to CONTEXT_STEP tokens
-        (a step's cost moves by well under 1 % in that span); the last one kept, so `timed` and the steps of
-        a plain run mostly read it instead of interpolating the grid again."""
+        """[K + 1] calibrated seconds at draft length 0..K, at the context rounded down to CONTEXT_STEP tokens; the
+        last table is kept, so `timed` and a run of plain steps read it without interpolating the grid again."""
         key = (rows, context - context % CONTEXT_STEP, max_draft_len)
         if self.table[0] != key:
             self.table = (key, self.cost.step_seconds(*key))
         return self.table[1]
 
     def drafts_for(self, batch: BatchView) -> bool:
-        """Plain-only when plain steps have been best for PLAIN_ONLY_AFTER steps in a row and, with the
-        newcomers, even the optimistic acceptance estimate makes every draft length lose to a plain step:
-        the drafter's context K/V would be computed for drafts that will not run. The streak keeps a batch that
-        alternates plain and drafting steps drafting. A batch of plain-only requests alone probes nothing: once a
-        probe is due, newcomers keep their drafter context again (else a server at concurrency 1, whose every
-        request arrives alone, would never draft again after one failed probe).
-        Newcomers whose prompt-length bucket waits for its turn to probe (newcomers.py: its last requests failed
-        in a row) are plain-only whatever the estimates say when no other running request keeps the drafter's
-        context: their turn is their probe, and drafting for them alone would cost every row its verify. The
-        bucket's rates overstate a newcomer's: an easy request drafts for many steps and adds most of the
-        bucket's evidence, a hard one stops after two, so after one easy 1024-token window of the built-in pair
-        and three hard ones the optimistic rates still had each new window draft at its first step and again at
-        the probe after it (at concurrency 1, 0.96 of plain decoding's rate against 1.01 without that:
-        benchmarks/results/newcomer_admission.json). Beside requests that keep the context the estimates decide: those
-        requests' drafting steps verify every row's k + 1 tokens anyway. Nor does a due probe of the policy's own hand such newcomers in a small batch the context's upkeep for
-        a single drafting step (too few to judge them by). Nothing does where no evidence could make a drafting
-        step win (`reachable`)."""
+        """Whether newcomers keep the drafter's context. Not when plain steps have been best for PLAIN_ONLY_AFTER
+        steps in a row and even the optimistic estimate makes every draft length lose to plain (the context K/V
+        would be computed for drafts that never run); the streak keeps a batch alternating plain and drafting steps
+        drafting. Once a probe is due they keep it again, else a server at concurrency 1 would never draft after
+        one failed probe. Newcomers whose bucket waits for its turn to probe (newcomers.py) are plain-only unless
+        another running request keeps the context: their turn is their probe, and the bucket's pooled rates
+        overstate a newcomer's (easy requests add most of the evidence). benchmarks/results/newcomer_admission.json
+        Never where no evidence could make a drafting step win (`reachable`)."""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
         if not self.reachable(batch):
@@ -362,13 +318,9 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def streak_holds(self, batch: BatchView) -> bool:
         """Whether the batch's recent drafting keeps newcomers' drafter context without asking the estimates: fewer
-        than PLAIN_ONLY_AFTER plain-best steps in a row, counted on a batch of its kind. Newcomers that turn a small
-        batch into a large one ask the estimates at the large batch and its margin: a small batch drafts with no
-        margin and probes for every newcomer, which says nothing of whether the large one would draft. In the
-        served `make demo` a one-wave point's first request was often admitted alone a few steps before the other
-        15 (one admission call, then one for the rest); its probe broke the streak and the 15 kept the drafter's
-        context beside it, on a CPU where 16 rows of snippets never draft: 739 of the wave's 2032 request-steps
-        offline, 18 with this rule (benchmarks/results/lone_first.json; tokens/s moved within a one-wave point's spread)."""
+        than PLAIN_ONLY_AFTER plain-best steps in a row, counted on a batch of the newcomers' kind. Newcomers that
+        turn a small batch into a large one ask the estimates: a small batch's probes say nothing of whether the
+        large one would draft. benchmarks/results/lone_first.json"""
         if self.plain_streak >= PLAIN_ONLY_AFTER:
             return False
         return self.small(batch) or not self.streak_small
@@ -377,14 +329,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         """Whether any evidence could make a drafting step win in this batch: accepting every draft (a row that keeps
         the drafter's context emits min(k + 1, remaining) tokens, a plain-only row 1), some draft length beats the
         plain step's rate by the batch's margin. Where none does, a probe or a newcomer's drafter context is pure
-        cost: on the built-in pair at batch 16 (k drafts cost about 1.8 to 4.4 plain steps at 128 tokens,
-        benchmarks/results/reachable_batches.json) a request keeping the context beside 15 plain-only ones emits at
-        best 15 + k + 1 tokens in a step that costs what 28 to 70 plain tokens do, and must beat 1.25 times that;
-        yet a served closed loop at concurrency 16 probed such batches every repeat
-        (benchmarks/results/serve_step_trace/trace.json: 1 to 4 rows of 14-15 keeping it, 10-13 ms each, and those
-        rows' plain steps capturing the target's features). On a GPU, whose verify of a block costs
-        little more than a plain step, the same batch is reachable. Requests admitted
-        plain-only beside the others there stay so (as any plain-only admission does) when the batch later shrinks."""
+        cost (on the CPU, one row keeping the context beside 15 plain-only ones; on a GPU, whose verify costs little
+        more than a plain step, the same batch is reachable). benchmarks/results/reachable_batches.json"""
         seconds = self.step_seconds(batch)  # [K + 1]
         width = np.arange(1, len(seconds) + 1)[None, :]  # [1, K + 1] tokens per row at full acceptance
         tokens = np.minimum(width, np.maximum(np.asarray(batch.remaining)[:, None], 1))  # [B, K + 1]
@@ -398,23 +344,14 @@ class CostBasedDraftLen(DraftLenPolicy):
         return any(d for slot, d in zip(batch.slots, drafting) if slot not in self.admitted)
 
     def keeps_context(self, batch: BatchView) -> list[bool]:
-        """A request stops paying for the drafter's context once (1) a probe after a plain run has failed since
-        the last newcomer's probe or drafting step (the wait has doubled past the first) and `drafts_for` says
-        no for the batch, (2) it has drafted in at least two steps of its own (the built-in drafter's first
-        draft is a coin flip, and acceptance differs far more between requests than between contexts), or in a
-        large batch one, where the next probe would come after its end (`another_probe`), and
-        (3) by its own acceptance estimate no draft length would pay even if it decoded alone (the cheapest a
-        drafting step gets: a request that would draft alone may yet draft when the batch shrinks), or, in a
-        batch larger than `ProbeSettings.newcomer_batch`, none would in a batch of its size whose requests were
-        all like it (`pays_in_kind`: it may wait for a shrink that a loaded server does not bring; such a stop
-        is no failure for its prompt's bucket, whose newcomers in small batches still probe). Keeping
-        its context costs a plain step the captured features it holds; the context K/V of its tokens are
-        written at the next drafting step (deferred, speculative/dflash.py), so dropping it saves that
-        catch-up and its target features' capture (the context K/V projection is about 6 % of the built-in
-        target's FLOPs per token; for Qwen3-8B with a 5-layer drafter about 2 %).
-        Any batch: a plain-only request no longer holds the others' drafting back (its row verifies padding
-        in their drafting steps; before per-row draft lengths, served at concurrency 4 on snippets, stopping
-        at any batch made the DFlash server run 57 % of its steps plain instead of about 30 %)."""
+        """[B] whether each request keeps paying for the drafter's context. A request stops once (1) a probe after a
+        plain run has failed since the last newcomer's probe or drafting step (the wait has doubled past the first)
+        and `drafts_for` says no for the batch, (2) it has drafted in OWN_PROBES steps of its own, or in a large
+        batch fewer where the next probe would come after its end (`another_probe`), and (3) by its own estimate no
+        draft length would pay even if it decoded alone, or, in a large batch, none would in a batch of its size
+        all like it (`pays_in_kind`; no failure for its bucket then). Its context K/V are written at the next
+        drafting step (deferred, speculative/dflash.py), so stopping saves that catch-up and the target features'
+        capture. Per-row draft lengths let a plain-only row sit in any batch: it verifies padding."""
         if self.cost is None or self.acceptance is None or self.wait <= self.probe.first:
             return [True] * len(batch.slots)
         context = batch.context - batch.context % CONTEXT_STEP
@@ -445,11 +382,8 @@ class CostBasedDraftLen(DraftLenPolicy):
         """[B] whether each request can still draft in a step of its own before it ends, short of the batch's drafting
         choice: in a small batch at any time (newcomers' probes, no margin); in a large one only if the policy's next
         probe comes within its remaining tokens (plain steps count down both alike, so a kept answer stays true).
-        A request with fewer than OWN_PROBES drafting steps keeps the drafter's context only for that step: in
-        a large batch whose probes have backed off past its end it would pay the context's upkeep (the target's
-        features captured at every step, about 3 % of a 16-row plain step on this project's CPU) for nothing. In
-        `make demo`'s one-wave points (16 requests arriving together after the concurrency-8 point's probes
-        failed) each wave probed once at admission and then kept the context for all its 128 steps."""
+        Else a request with fewer than OWN_PROBES drafting steps would pay the context's upkeep (the target's
+        features captured at every step) for a probe that never comes."""
         if self.small(batch):
             return [True] * len(batch.slots)
         until = self.wait - self.plain_run  # plain steps until the next probe (`choose`)
@@ -471,13 +405,8 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def pays_in_kind(self, batch: BatchView) -> np.ndarray:
         """[B] bool: by each request's own (optimistic) acceptance estimate, a batch of as many requests as this one,
-        each like it, would draft: some draft length beats a plain step by the batch's margin. In a large batch a
-        request that would pay alone but not so keeps the drafter's context for a batch that may never shrink: in
-        a served closed loop of snippets at concurrency 16 the first wave's requests kept it for most of their
-        128 steps (116-238 of a point's ~767 steps), each such step about 3 % slower than the plain server's at the
-        same step index (median over 6 repeats +0.16 ms, -0.20 to +0.90: the target's features captured and held,
-        the policy's bookkeeping; benchmarks/results/serve_step_trace/trace_77e4b73.json); with this rule 16-138
-        (trace_2dd0068.json)."""
+        each like it, would draft: some draft length beats a plain step by the batch's margin. Else a request that
+        pays alone would keep the context in a large batch waiting for a shrink a loaded server never brings."""
         # a row's tokens over the batch's step seconds: its share of the rate of a batch all like it
         return self.pays(batch.slots, batch.remaining, self.step_seconds(batch), self.margin(batch))
 

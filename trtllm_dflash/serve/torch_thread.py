@@ -1,16 +1,12 @@
 """One thread for all of a serving process's torch work: loading, warm-up, calibration and every step.
 
-Why one: torch's CPU wheels run intra-op parallelism on GNU OpenMP, which gives every thread that
-opens a parallel region its own pool of worker threads. A server that loads the engine on one thread
-(Triton's `initialize`) and steps it on another (the serving loop) owns two pools; once libgomp
-manages more threads than the process has cores it throttles its spin-waiting (GOMP_SPINCOUNT's
-"throttled" value), and every small op's fork/join then sleeps and wakes its workers (consistent with
-what we see: OMP_WAIT_POLICY=passive makes one pool as slow as two). Measured on
-the built-in pair (2 cores, 2 threads, batch 16; benchmarks/results/torch_thread_steps.json): a plain
-step 9.1 ms instead of 5.3 ms (1.63x, 1.60-1.90 over 3 repeats) and a drafting step (k = 8) 40.5 ms
-instead of 18.8 ms (2.09x); the step-cost model calibrated on the loading thread (5.4 and 20.5 ms) then
-mispredicted the serving thread's steps, unevenly in k, and the policy drafted where it lost. Doing
-everything on this thread keeps one pool. Requests still arrive on Triton's threads; they only queue work for this one.
+Why one: torch's CPU wheels run intra-op parallelism on GNU OpenMP, which gives every thread that opens a parallel
+region its own pool of worker threads. A server that loads the engine on one thread (Triton's `initialize`) and
+steps it on another (the serving loop) owns two pools; once libgomp manages more threads than the process has
+cores it throttles its spin-waiting (GOMP_SPINCOUNT's "throttled" value), and every small op's fork/join sleeps
+and wakes its workers. Steps then run far slower than calibrated on the loading thread, unevenly in k, and the
+policy drafts where it loses (benchmarks/results/torch_thread_steps.json). Requests still arrive on Triton's
+threads; they only queue work for this one.
 """
 
 from __future__ import annotations

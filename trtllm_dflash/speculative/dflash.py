@@ -19,11 +19,8 @@ CONTEXT_KV_PATHS = ("op", "triton", "unfused")
 # Bytes of deferred context features held before they are written anyway (F = captured layers x hidden values
 # per token: 3 KB for the built-in pair in float32, 40 KB for Qwen3-8B's 5 captured layers in bf16, where this
 # is about 6,500 tokens). A plain step (draft length 0) needs no drafter, but its tokens' context K/V must
-# exist before the next drafting step reads them. Written every step they cost a plain step of the built-in
-# pair on CPU about 9 % (batch 1), written 16 steps at once 3-4 % (batch 1 to 16, and a prompt's at prefill
-# 10 % of a 1024-token prefill). Written only when a drafter pass reads them, a request that ends or stops
-# drafting first never pays them: in a batch held to plain steps that is most of its tokens (keeping the
-# context then cost 1.00-1.02x plain decoding, benchmarks/results/plain_only_admission.json).
+# exist before the next drafting step reads them. Written only when a drafter pass reads them, a request that
+# ends or stops drafting first never pays them (benchmarks/results/plain_only_admission.json).
 PENDING_BYTES = 256 << 20
 
 
