@@ -35,9 +35,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from paged_vs_slot import site
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from paged_vs_slot import site  # a sibling script, not a package
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = HERE.parent
 
 
 def cpu_decode_headlines(record: dict) -> dict[str, tuple[float, str]]:
@@ -85,15 +87,15 @@ def run_arm(tree: Path, arm_site: Path, args, out: Path) -> dict:
     command = [sys.executable, __file__, "--launch", str(script), str(arm_site), "--",
                *args.script_args, "--threads", str(args.threads), "--output", str(out)]
     env = {**os.environ, "PYTHONPATH": str(arm_site), "OMP_NUM_THREADS": str(args.threads)}
-    done = subprocess.run(command, env=env, cwd=tree, capture_output=True, text=True)
+    done = subprocess.run(command, check=False, env=env, cwd=tree, capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"tree_ab: {script} failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
     return json.loads(out.read_text())
 
 
 def launch(script: Path, arm_site: Path, argv: list[str]) -> int:
-    """Inside an arm's process: `script`'s main with argv, its module found beside it, not beside this file."""
-    sys.path[0] = str(script.parent)
+    """Inside an arm's process: `script`'s main with argv, its siblings found beside it, not beside this file."""
+    sys.path[:] = [str(script.parent), *(p for p in sys.path if Path(p).resolve() != HERE)]
     sys.argv = [str(script), *argv]
     module = importlib.import_module(script.stem)
     if hasattr(module, "serve"):  # the servers' stub ignores PYTHONPATH: model.py puts the site first itself
@@ -142,8 +144,9 @@ def summarize(runs: list[dict], better: dict[str, str], rounds: int) -> dict[str
 
 
 def table(metrics: dict[str, dict]) -> str:
-    lines = [f"{'metric':<34} {'better':>6} {'base':>9} {'head':>9}  {'head/base (min-max)':<22}"
-             f"{'control/head (min-max)':<24}ok"]
+    header = (f"{'metric':<34} {'better':>6} {'base':>9} {'head':>9}  {'head/base (min-max)':<22}"
+              f"{'control/head (min-max)':<24}ok")
+    lines = [header]
     for name, m in metrics.items():
         hb, ch = m["head_over_base"], m.get("control_over_head")
         cells = f"{hb['median']:.3f} ({hb['min']:.3f}-{hb['max']:.3f})"
