@@ -61,11 +61,13 @@ def probe(threads: int) -> dict:
 
 
 def site(tree: Path, out: Path) -> Path:
-    """The tree's package laid out as an install lays it out (plugins/ inside trtllm_dflash/), in `out`: on
-    PYTHONPATH it is found before this venv's editable install, which maps trtllm_dflash.plugins to this checkout's
-    plugins/ whatever trtllm_dflash is imported from (the baseline then ran today's context-KV op)."""
-    shutil.copytree(tree / "trtllm_dflash", out / "trtllm_dflash", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(tree / "plugins", out / "trtllm_dflash" / "plugins", ignore=shutil.ignore_patterns("__pycache__"))
+    """The tree's package laid out as an install lays it out, in `out`: trtllm_dflash/ copied, and a flat-layout
+    tree's top-level plugins/ (which its pyproject maps into the package) copied inside it. On PYTHONPATH it is
+    found before this venv's editable install, which maps trtllm_dflash to one checkout whatever tree runs."""
+    ignore = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(tree / "trtllm_dflash", out / "trtllm_dflash", ignore=ignore)
+    if (tree / "plugins").is_dir():
+        shutil.copytree(tree / "plugins", out / "trtllm_dflash" / "plugins", ignore=ignore)
     return out
 
 
