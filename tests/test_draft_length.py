@@ -798,7 +798,7 @@ def test_a_busy_machines_step_noise_does_not_flip_a_clear_drafting_choice(noise,
     plain steps. With its dead band every step drafts, as the unbiased truth says it should."""
     from trtllm_dflash.draft_length.live_cost import CorrectionSettings, StepCostCorrection
 
-    monkeypatch.setattr("trtllm_dflash.draft_length.policy.StepCostCorrection",
+    monkeypatch.setattr("trtllm_dflash.draft_length.step_costs.StepCostCorrection",
                         lambda: StepCostCorrection(CorrectionSettings(noise=noise)))
     cost = linear_cost(plain=1.0, per_draft=0.05, draft_overhead=1.6)
     seconds, plain_steps = cost.step_seconds(1, 100, K), 0

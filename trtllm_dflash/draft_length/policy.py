@@ -16,8 +16,8 @@ import numpy as np
 from .acceptance import AcceptanceModel, AcceptanceSettings
 from .cost import CostModel
 from .interface import BatchView, DraftLenPolicy, FixedDraftLen, ScheduledDraftLen
-from .live_cost import StepCostCorrection
 from .newcomers import NewcomerBackoff
+from .step_costs import CONTEXT_STEP, StepCosts
 
 __all__ = ["BatchView", "CostBasedDraftLen", "DraftLenPolicy", "FixedDraftLen", "ProbeSettings",
            "ScheduledDraftLen"]
@@ -32,7 +32,6 @@ PLAIN_KEPT_STEPS = 8
 # margin at the live cost factors (`keeps_drafting`); the kept steps' evidence is folded in at the next choice.
 DRAFT_KEPT_STEPS = 4
 DRAFT_KEPT_GAIN = 1.1
-CONTEXT_STEP = 16  # tokens: the context granularity of the step-cost table the policy reads
 # A request's own decayed drafting steps (trials of draft position 1) before it may drop the drafter's context.
 OWN_PROBES = 1.5
 # When a lone request's probe accepts drafts its evidence gave less than this chance (the product of its mean rates
@@ -91,8 +90,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.streak_small: bool | None = None  # whether the last `choose` saw a small batch (None: no choice yet)
         self.newcomer = False  # a request was admitted into a small batch: its first step probes
         self.newcomer_waits = False  # ... or not: its prompt-length bucket's probes are backed off (not its turn)
-        self.correction = StepCostCorrection()
-        self.table: tuple = ((), None)  # (key, step_table) of the last call
+        self.costs = StepCosts(cost)  # the step seconds `choose` reads: calibrated, corrected live
         self.kept, self.kept_key = 0, None  # steps a choice is still kept, for which batch (and evidence: plain)
         self.kept_choice, self.kept_gain = 0, 0.0  # a kept drafting choice, its gain over plain (`best`)
         self.kept_context: tuple = ((), None)  # (key, keeps_context) of the last call
@@ -100,7 +98,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.crowd: NewcomerBackoff | None = None  # ... its verdicts from large batches, for large batches (`judges`)
         self.crowd_waits = False  # the newcomers' bucket is backed off by large batches' verdicts (not its turn)
         self.admitted: frozenset[int] = frozenset()  # the slots of the last `admit`'s requests
-        # Whether a request ending now is judged as a small batch's (`judging`). Small batches' verdicts back off
+        # Whether a request ending now is judged as a small batch's (`small`). Small batches' verdicts back off
         # their bucket's newcomers everywhere (`newcomers`), large batches' only newcomers joining a large batch
         # (`crowd`): a large batch drafts rarely and short, so its verdicts rest on little evidence.
         # benchmarks/results/bucket_verdicts.json
@@ -118,8 +116,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.plain_run, self.wait, self.plain_streak, self.newcomer = 0, self.probe.first, 0, False
         self.streak_small = None
         self.newcomer_waits = False
-        self.correction = StepCostCorrection()
-        self.table = ((), None)  # the cost model may be new
+        self.costs = StepCosts(self.cost)  # the cost model may be new
         self.kept, self.kept_key, self.kept_choice = 0, None, 0
         self.kept_context = ((), None)
         self.newcomers = NewcomerBackoff(slots, self.probe.newcomer_longest)
@@ -138,15 +135,10 @@ class CostBasedDraftLen(DraftLenPolicy):
         self.kept = 0  # new requests may take finished ones' slots: the batch's key alone would not show it
 
     def expected_rates(self, batch: BatchView) -> np.ndarray:
-        """[K + 1] expected output tokens per second of the whole batch at draft length 0..K."""
-        seconds = self.step_seconds(batch)
-        tokens = self.acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
-        if batch.drafting is not None and not all(batch.drafting):
-            tokens = np.where(np.asarray(batch.drafting)[:, None], tokens, 1.0)
-        return tokens.sum(0)[: len(seconds)] / seconds
+        return expected_rates(self.acceptance, self.step_seconds(batch), batch)
 
     def choose(self, batch: BatchView) -> int:
-        self.judges = self.judging(batch)
+        self.judges = self.small(batch)
         best = self.best(batch)
         self.plain_streak = 0 if best > 0 else self.plain_streak + 1
         self.streak_small = self.small(batch)
@@ -192,7 +184,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         if best == 0:
             self.kept, self.kept_key = PLAIN_KEPT_STEPS - 1, (key, self.acceptance.version)
         else:
-            plain, drafting = self.correction.factors()
+            plain, drafting = self.costs.correction.factors()
             self.kept_gain = rates[best] / rates[0] * drafting / plain  # the gain at live cost factors of 1
             if self.keeps_drafting(batch):
                 self.kept, self.kept_key, self.kept_choice = DRAFT_KEPT_STEPS - 1, (key, None), best
@@ -202,7 +194,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         """Whether the last drafting choice, at the live cost factors now, still beats plain by DRAFT_KEPT_GAIN times
         the margin, with at most a quarter of the requests within a block of their end (their expected tokens
         shrink with their remaining budget)."""
-        plain, drafting = self.correction.factors()
+        plain, drafting = self.costs.correction.factors()
         ending = sum(r <= batch.max_draft_len for r in batch.remaining)
         gain = self.kept_gain * plain / drafting
         return 4 * ending <= len(batch.slots) and gain >= DRAFT_KEPT_GAIN * self.margin(batch)
@@ -213,10 +205,6 @@ class CostBasedDraftLen(DraftLenPolicy):
 
     def small(self, batch: BatchView) -> bool:
         return len(batch.slots) <= self.probe.newcomer_batch
-
-    def judging(self, batch: BatchView) -> bool:
-        """Whether requests stopping or ending in this batch are judged as a small batch's (see `judges`)."""
-        return self.small(batch)
 
     def margin(self, batch: BatchView) -> float:
         """How many times plain's expected rate a drafting step must reach (see MIN_GAIN)."""
@@ -278,31 +266,17 @@ class CostBasedDraftLen(DraftLenPolicy):
     def timed(self, rows: int, context: int, draft_len: int, seconds: float) -> None:
         if self.cost is None or self.acceptance is None:  # calibrating: its steps are the model itself
             return
-        # the table `choose` read for this step (one per batch size, not one per draft length)
-        predicted = self.step_table(rows, context, self.acceptance.max_draft_len)
-        self.correction.observe(draft_len, seconds, float(predicted[min(draft_len, len(predicted) - 1)]))
+        self.costs.observe(rows, context, self.acceptance.max_draft_len, draft_len, seconds)
 
     def step_seconds(self, batch: BatchView) -> np.ndarray:
-        """[K + 1] the batch's step seconds at draft length 0..K: calibrated, corrected by what steps measure."""
-        return self.correction.apply(self.step_table(len(batch.slots), batch.context, batch.max_draft_len))
-
-    def step_table(self, rows: int, context: int, max_draft_len: int) -> np.ndarray:
-        """[K + 1] calibrated seconds at draft length 0..K, at the context rounded down to CONTEXT_STEP tokens; the
-        last table is kept, so `timed` and a run of plain steps read it without interpolating the grid again."""
-        key = (rows, context - context % CONTEXT_STEP, max_draft_len)
-        if self.table[0] != key:
-            self.table = (key, self.cost.step_seconds(*key))
-        return self.table[1]
+        """[K + 1] the batch's step seconds at draft length 0..K, calibrated and corrected (StepCosts)."""
+        return self.costs.seconds(len(batch.slots), batch.context, batch.max_draft_len)
 
     def drafts_for(self, batch: BatchView) -> bool:
-        """Whether newcomers keep the drafter's context. Not when plain steps have been best for PLAIN_ONLY_AFTER
-        steps in a row and even the optimistic estimate makes every draft length lose to plain (the context K/V
-        would be computed for drafts that never run); the streak keeps a batch alternating plain and drafting steps
-        drafting. Once a probe is due they keep it again, else a server at concurrency 1 would never draft after
-        one failed probe. Newcomers whose bucket waits for its turn to probe (newcomers.py) are plain-only unless
-        another running request keeps the context: their turn is their probe, and the bucket's pooled rates
-        overstate a newcomer's (easy requests add most of the evidence). benchmarks/results/newcomer_admission.json
-        Never where no evidence could make a drafting step win (`reachable`)."""
+        """Whether newcomers keep the drafter's context: not after PLAIN_ONLY_AFTER plain-best steps in a row when even
+        the optimistic estimate loses to plain, nor while their bucket waits for its turn to probe (newcomers.py) and
+        no running request keeps the context, nor where no evidence could make drafting win (`reachable`); yes once
+        a probe is due. docs/draft-length-policy.md; benchmarks/results/newcomer_admission.json"""
         if self.cost is None or self.acceptance is None:  # calibrating, or not prepared: draft
             return True
         if not self.reachable(batch):
@@ -326,17 +300,7 @@ class CostBasedDraftLen(DraftLenPolicy):
         return self.small(batch) or not self.streak_small
 
     def reachable(self, batch: BatchView) -> bool:
-        """Whether any evidence could make a drafting step win in this batch: accepting every draft (a row that keeps
-        the drafter's context emits min(k + 1, remaining) tokens, a plain-only row 1), some draft length beats the
-        plain step's rate by the batch's margin. Where none does, a probe or a newcomer's drafter context is pure
-        cost (on the CPU, one row keeping the context beside 15 plain-only ones; on a GPU, whose verify costs little
-        more than a plain step, the same batch is reachable). benchmarks/results/reachable_batches.json"""
-        seconds = self.step_seconds(batch)  # [K + 1]
-        width = np.arange(1, len(seconds) + 1)[None, :]  # [1, K + 1] tokens per row at full acceptance
-        tokens = np.minimum(width, np.maximum(np.asarray(batch.remaining)[:, None], 1))  # [B, K + 1]
-        if batch.drafting is not None and not all(batch.drafting):
-            tokens = np.where(np.asarray(batch.drafting)[:, None], tokens, 1)
-        return pick(tokens.sum(0) / seconds, self.margin(batch)) > 0
+        return reachable(self.step_seconds(batch), batch, self.margin(batch))
 
     def others_keep_context(self, batch: BatchView) -> bool:
         """Whether a running request admitted before the newcomers (the last `admit`) keeps the drafter's context."""
@@ -344,14 +308,11 @@ class CostBasedDraftLen(DraftLenPolicy):
         return any(d for slot, d in zip(batch.slots, drafting) if slot not in self.admitted)
 
     def keeps_context(self, batch: BatchView) -> list[bool]:
-        """[B] whether each request keeps paying for the drafter's context. A request stops once (1) a probe after a
-        plain run has failed since the last newcomer's probe or drafting step (the wait has doubled past the first)
-        and `drafts_for` says no for the batch, (2) it has drafted in OWN_PROBES steps of its own, or in a large
-        batch fewer where the next probe would come after its end (`another_probe`), and (3) by its own estimate no
-        draft length would pay even if it decoded alone, or, in a large batch, none would in a batch of its size
-        all like it (`pays_in_kind`; no failure for its bucket then). Its context K/V are written at the next
-        drafting step (deferred, speculative/dflash.py), so stopping saves that catch-up and the target features'
-        capture. Per-row draft lengths let a plain-only row sit in any batch: it verifies padding."""
+        """[B] whether each request keeps paying for the drafter's context. It stops once (1) a probe after a plain run
+        has failed and `drafts_for` says no, (2) it has drafted in OWN_PROBES steps of its own (fewer in a large batch
+        whose next probe comes after its end, `another_probe`), and (3) by its own estimate no draft length pays even
+        alone (in a large batch: in a batch of its size all like it, `pays_in_kind`). A plain-only row verifies
+        padding in a drafting step (per-row draft lengths). docs/draft-length-policy.md"""
         if self.cost is None or self.acceptance is None or self.wait <= self.probe.first:
             return [True] * len(batch.slots)
         context = batch.context - batch.context % CONTEXT_STEP
@@ -374,7 +335,7 @@ class CostBasedDraftLen(DraftLenPolicy):
                     continue
                 # only the batch's size stopped it (it pays alone), or it drafted too little to judge: no verdict;
                 # else a failure for its bucket
-                self.verdict(slot, None if a or t < OWN_PROBES else False, self.judging(batch))
+                self.verdict(slot, None if a or t < OWN_PROBES else False, self.small(batch))
             self.kept_context = (key, keep)
         return self.kept_context[1]
 
@@ -392,29 +353,50 @@ class CostBasedDraftLen(DraftLenPolicy):
     def pays_alone(self, slots: list[int], remaining: list[int], context: int) -> np.ndarray:
         """[B] bool: by each request's own (optimistic) acceptance estimate, some draft length beats a plain
         step even if it decoded alone at `context` tokens (the cheapest a drafting step gets)."""
-        alone = self.correction.apply(self.cost.step_seconds(1, context - context % CONTEXT_STEP,
-                                                             self.acceptance.max_draft_len))  # [K + 1] s
-        return self.pays(slots, remaining, alone, 1.0)
-
-    def pays(self, slots: list[int], remaining: list[int], seconds: np.ndarray, margin: float) -> np.ndarray:
-        """[B] bool: `pick`'s test row by row, on each request's own (optimistic) expected tokens and step seconds
-        [K + 1]: some draft length beats a plain step, by `margin`."""
-        rates = self.acceptance.expected_tokens(slots, remaining)[:, : len(seconds)] / seconds  # [B, K + 1]
-        best, plain = rates[:, 1:].max(axis=1), rates[:, 0]
-        return (best > plain) & (best >= margin * plain)
+        alone = self.costs.seconds(1, context, self.acceptance.max_draft_len)  # [K + 1] s
+        return pays(self.acceptance, slots, remaining, alone, 1.0)
 
     def pays_in_kind(self, batch: BatchView) -> np.ndarray:
         """[B] bool: by each request's own (optimistic) acceptance estimate, a batch of as many requests as this one,
         each like it, would draft: some draft length beats a plain step by the batch's margin. Else a request that
         pays alone would keep the context in a large batch waiting for a shrink a loaded server never brings."""
         # a row's tokens over the batch's step seconds: its share of the rate of a batch all like it
-        return self.pays(batch.slots, batch.remaining, self.step_seconds(batch), self.margin(batch))
+        return pays(self.acceptance, batch.slots, batch.remaining, self.step_seconds(batch), self.margin(batch))
 
     def describe(self) -> dict:
         meta = self.cost.meta if self.cost else {}
-        plain, drafting = self.correction.factors()
+        plain, drafting = self.costs.correction.factors()
         return {"policy": self.name, "calibration": {k: meta[k] for k in ("device", "threads") if k in meta},
                 "min_gain_above_batch": {"min_gain": self.min_gain, "batch": self.probe.newcomer_batch},
                 "live_cost_factors": {"plain": plain, "drafting": drafting},
                 "newcomer_probes_backed_off": self.newcomers.describe() if self.newcomers else {},
                 "large_batch_newcomers_backed_off": self.crowd.describe() if self.crowd else {}}
+
+
+def expected_rates(acceptance: AcceptanceModel, seconds: np.ndarray, batch: BatchView) -> np.ndarray:
+    """[K + 1] expected output tokens per second of the whole batch at draft length 0..K (`seconds`: [K + 1])."""
+    tokens = acceptance.expected_tokens(batch.slots, batch.remaining)  # [B, K + 1]
+    if batch.drafting is not None and not all(batch.drafting):
+        tokens = np.where(np.asarray(batch.drafting)[:, None], tokens, 1.0)
+    return tokens.sum(0)[: len(seconds)] / seconds
+
+
+def reachable(seconds: np.ndarray, batch: BatchView, margin: float) -> bool:
+    """Whether any evidence could make a drafting step win in this batch: accepting every draft (a row that keeps
+    the drafter's context emits min(k + 1, remaining) tokens, a plain-only row 1), some draft length beats the
+    plain step's rate (`seconds`: [K + 1]) by `margin`. Where none does, a probe or a newcomer's drafter context is
+    pure cost. benchmarks/results/reachable_batches.json"""
+    width = np.arange(1, len(seconds) + 1)[None, :]  # [1, K + 1] tokens per row at full acceptance
+    tokens = np.minimum(width, np.maximum(np.asarray(batch.remaining)[:, None], 1))  # [B, K + 1]
+    if batch.drafting is not None and not all(batch.drafting):
+        tokens = np.where(np.asarray(batch.drafting)[:, None], tokens, 1)
+    return pick(tokens.sum(0) / seconds, margin) > 0
+
+
+def pays(acceptance: AcceptanceModel, slots: list[int], remaining: list[int], seconds: np.ndarray,
+         margin: float) -> np.ndarray:
+    """[B] bool: `pick`'s test row by row, on each request's own (optimistic) expected tokens and step seconds
+    [K + 1]: some draft length beats a plain step, by `margin`."""
+    rates = acceptance.expected_tokens(slots, remaining)[:, : len(seconds)] / seconds  # [B, K + 1]
+    best, plain = rates[:, 1:].max(axis=1), rates[:, 0]
+    return (best > plain) & (best >= margin * plain)
