@@ -82,17 +82,17 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
 
 
 def parse_target(backend: str, data: dict, source: str):
-    """The torch runtime's own model list, or what TensorRT-LLM's DFlash runs (builder/trtllm_targets.py)."""
+    """The torch runtime's own model list, or what TensorRT-LLM's DFlash runs (builder/trtllm/targets.py)."""
     if backend == "torch":
         return TargetConfig.from_dict(data, source)
-    from .trtllm_targets import TrtllmTarget
+    from .trtllm.targets import TrtllmTarget
 
     return TrtllmTarget.from_dict(data, source)
 
 
 def default_max_seq_len(backend: str, target, drafter: DrafterConfig) -> int:
     """torch: the target's max_position_embeddings. trtllm: at most TRTLLM_DEFAULT_MAX_SEQ_LEN, because
-    TensorRT-LLM's DFlash context arena is dense in max_seq_len (builder/trtllm_memory.py)."""
+    TensorRT-LLM's DFlash context arena is dense in max_seq_len (builder/trtllm/memory.py)."""
     if backend == "torch":
         return target.max_position_embeddings
     return min(target.max_position_embeddings, drafter.max_position_embeddings, TRTLLM_DEFAULT_MAX_SEQ_LEN)
@@ -118,7 +118,7 @@ def write_backend(plan: BuildPlan, tmp: Path) -> dict:
         from .torch_engine import write_torch_engine
 
         return write_torch_engine(plan, tmp)
-    from .trtllm_engine import write_trtllm_engine
+    from .trtllm.engine import write_trtllm_engine
 
     return write_trtllm_engine(plan, tmp)
 

@@ -74,15 +74,15 @@ class BuildSpec:
 
     @property
     def trtllm_table(self):
-        """The field table of the TensorRT-LLM release this engine is built for (trtllm_tables.py)."""
-        from .trtllm_tables import table_for
+        """The field table of the TensorRT-LLM release this engine is built for (trtllm/tables.py)."""
+        from .trtllm.tables import table_for
 
         return table_for(self.trtllm_version)
 
     def _check_trtllm(self) -> None:
-        from .trtllm_fields import literal_choices
-        from .trtllm_options import ATTENTION_BACKENDS, GPU_SM, KV_CACHE_DTYPES, check_pass_through
-        from .trtllm_reuse import check_prefix_reuse
+        from .trtllm.fields import literal_choices
+        from .trtllm.options import ATTENTION_BACKENDS, GPU_SM, KV_CACHE_DTYPES, check_pass_through
+        from .trtllm.reuse import check_prefix_reuse
 
         if self.trtllm_version is not None and (not isinstance(self.trtllm_version, str) or not self.trtllm_version):
             raise DFlashError(f"build spec: 'trtllm_version' must be a version string, got {self.trtllm_version!r}")
@@ -122,7 +122,7 @@ class BuildSpec:
     def from_sources(cls, yaml_path: str | None, overrides: dict[str, Any]) -> BuildSpec:
         """Settings from a YAML file, then flags (flags win); unknown keys are errors. `overrides` may carry
         `llm_option`: a list of 'key.sub=value' strings merged over the file's `llm_options`."""
-        from .trtllm_options import merge, parse_llm_option
+        from .trtllm.options import merge, parse_llm_option
 
         data = read_settings(yaml_path, f"no such build config file: {yaml_path}", yaml_path,
                              "build settings") if yaml_path else {}

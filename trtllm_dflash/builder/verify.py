@@ -17,9 +17,9 @@ from ..distributed.parallel import Parallel
 from ..models.drafter import DFlashDrafter
 from ..models.target import build_target
 from ..utils.errors import DFlashError
-from .trtllm_engine import OPTIONS, options_at
-from .trtllm_fields import check_options
-from .trtllm_tables import known_versions, load_table
+from .trtllm.engine import OPTIONS, options_at
+from .trtllm.fields import check_options
+from .trtllm.tables import known_versions, load_table
 
 
 def verify_engine(engine_dir: str | Path) -> tuple[bool, list[str]]:
@@ -62,7 +62,7 @@ def check_torch(engine_dir: Path, manifest: Manifest) -> list[str]:
 
 
 def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
-    from .trtllm_targets import TrtllmTarget
+    from .trtllm.targets import TrtllmTarget
 
     source = engine_dir / "target" / "config.json"
     target = TrtllmTarget.from_dict(read_config_json(engine_dir / "target"), str(source))
@@ -82,7 +82,7 @@ def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
 
 
 def check_drafter_dtype(tensors: dict[str, torch.Tensor], dtype: str, where: Path) -> None:
-    """TensorRT-LLM sizes and checks the drafter's context by its stored dtype (trtllm_drafter.py)."""
+    """TensorRT-LLM sizes and checks the drafter's context by its stored dtype (trtllm/drafter.py)."""
     for name, tensor in tensors.items():
         if tensor.dtype != DTYPES[dtype]:
             raise DFlashError(f"drafter tensor '{name}' in {where} is {str(tensor.dtype).removeprefix('torch.')}, "

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..builder.spec import BACKENDS, QUANTS
-from ..builder.trtllm_tables import known_versions
+from ..builder.trtllm.tables import known_versions
 from ..checkpoint.loader import DTYPES
 from ..config.manifest import Manifest
 from ..utils.cli import run_cli
@@ -224,7 +224,7 @@ def options_parser() -> argparse.ArgumentParser:
 
 
 def run_options(argv: list[str]) -> int:
-    from ..builder.trtllm_engine import write_options_at
+    from ..builder.trtllm.engine import write_options_at
 
     args = options_parser().parse_args(argv)
     text = write_options_at(args.engine_dir, args.output)
