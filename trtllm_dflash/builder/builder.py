@@ -115,7 +115,7 @@ def build_engine(spec: BuildSpec, command: str) -> Path:
 
 def write_backend(plan: BuildPlan, tmp: Path) -> dict:
     if plan.spec.backend == "torch":
-        from .torch_engine import write_torch_engine
+        from .torch import write_torch_engine
 
         return write_torch_engine(plan, tmp)
     from .trtllm.engine import write_trtllm_engine

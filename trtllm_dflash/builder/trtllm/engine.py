@@ -57,7 +57,7 @@ def write_trtllm_engine(plan: BuildPlan, tmp: Path) -> dict:
     if spec.quant == "none":
         copy_checkpoint(plan.target_dir, target)
     else:
-        from ..quantize import quantize_target
+        from .quantize import quantize_target
 
         details.update(quantize_target(plan.target_dir, target, spec.quant, spec.dtype, spec.calib))
     copy_tokenizer(plan.target_dir, target)
