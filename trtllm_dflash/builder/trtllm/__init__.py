@@ -1,6 +1,8 @@
 """The `trtllm` backend of dflash-build: a deployment directory for TensorRT-LLM's PyTorch backend.
 
-engine.py writes it; targets.py says which targets TensorRT-LLM's DFlash runs; options.py, fields.py and tables/
-check the LLM-API options against the chosen release; memory.py sizes the DFlash arena; drafter.py writes the
-drafter in the published layout; reuse.py gates KV-block reuse. Nothing here imports tensorrt_llm at module level.
+backend.py is the backend (builder/backend.py's interface); engine.py writes the directory and verify.py
+re-checks it; targets.py says which targets TensorRT-LLM's DFlash runs; options.py, fields.py and tables.py (the
+tables/ folder: one JSON field table per release) check the LLM-API options; memory.py sizes the DFlash arena;
+drafter.py writes the drafter in the published layout; reuse.py gates KV-block reuse; quantize.py runs Model
+Optimizer for --quant. Only verify.py imports tensorrt_llm, inside a function, and reports a skip where it is absent.
 """

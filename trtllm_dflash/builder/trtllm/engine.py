@@ -26,7 +26,7 @@ from ...checkpoint.hf import weight_files
 from ...checkpoint.loader import DTYPES
 from ...draft_length.schedule import read_schedule
 from ...utils.errors import DFlashError
-from ..builder import BuildPlan, copy_tokenizer
+from ..plan import BuildPlan, copy_tokenizer
 from .drafter import check_drafter_dtypes, dropped_tensors, write_trtllm_drafter
 from .fields import check_options
 from .memory import MemoryInputs, checkpoint_bytes, context_rules, plan_memory
