@@ -73,7 +73,7 @@ def tensorrt_llm_dir() -> Path:
 
 
 def check_tensorrt_llm() -> str:
-    from trtllm_dflash.builder.trtllm_fields import MIN_TENSORRT_LLM
+    from trtllm_dflash.builder.trtllm.fields import MIN_TENSORRT_LLM
 
     pkg = tensorrt_llm_dir()
     try:

@@ -16,7 +16,7 @@ from trtllm_dflash.config.manifest import Manifest
 from trtllm_dflash.config.model import DrafterConfig
 
 from trtllm_dflash.builder import builder
-from trtllm_dflash.builder.trtllm_fields import check_options
+from trtllm_dflash.builder.trtllm.fields import check_options
 from trtllm_dflash.cli.build import main as build_main
 from trtllm_dflash.models.drafter import DFlashDrafter
 

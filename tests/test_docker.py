@@ -120,7 +120,7 @@ def test_dockerfile_copies_only_what_exists(backend):
 
 
 def test_trtllm_base_carries_the_minimum_tensorrt_llm():
-    from trtllm_dflash.builder.trtllm_fields import MIN_TENSORRT_LLM
+    from trtllm_dflash.builder.trtllm.fields import MIN_TENSORRT_LLM
 
     steps = instructions(DOCKERFILES["trtllm"])
     base = next(args for kw, args in steps if kw == "ARG" and args.startswith("BASE_IMAGE="))

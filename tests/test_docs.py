@@ -72,7 +72,7 @@ def checked(token: str) -> bool:
 def exists(token: str) -> bool:
     path, _, test = token.partition("::")
     path = path.rstrip(".,;:)")
-    # an all-capitals part is a placeholder (trtllm_tables/VERSION.json): some file must fit it
+    # an all-capitals part is a placeholder (trtllm/tables/VERSION.json): some file must fit it
     path = "/".join(re.sub(r"^[A-Z][A-Z0-9_]*(?=\.|$)", "*", part) for part in path.split("/"))
     if any(c in path for c in "*?"):
         return bool(glob.glob(str(ROOT / path)))

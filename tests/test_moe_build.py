@@ -11,7 +11,7 @@ from trtllm_dflash.checkpoint.layout import target_tensors
 from trtllm_dflash.checkpoint.sharding import shard_state, unshard_state
 from trtllm_dflash.config.model import TargetConfig, read_config_json
 
-from trtllm_dflash.builder.quantize import check_routers_excluded
+from trtllm_dflash.builder.trtllm.quantize import check_routers_excluded
 from trtllm_dflash.cli.build import main as build_main
 from trtllm_dflash.utils.errors import DFlashError
 

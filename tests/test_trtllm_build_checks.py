@@ -2,8 +2,8 @@
 budget, the field table of the chosen TensorRT-LLM release (recorded in the manifest), prefix reuse, the drafter's
 dtype, and options that work from any working directory.
 
-The rules are upstream's, cited where the code encodes them (trtllm_options.py, trtllm_tables.py, trtllm_reuse.py,
-trtllm_drafter.py, trtllm_engine.py); TensorRT-LLM itself cannot run here.
+The rules are upstream's, cited where the code encodes them (builder/trtllm/options.py, tables.py, reuse.py,
+drafter.py, engine.py); TensorRT-LLM itself cannot run here.
 """
 
 import hashlib
@@ -18,8 +18,8 @@ from safetensors.torch import load_file
 from tiny_models import add_tokenizer, drafter_config, drafter_weights, make_hf_target, write_drafter
 from trtllm_dflash.config.manifest import Manifest
 
-from trtllm_dflash.builder.trtllm_fields import check_options
-from trtllm_dflash.builder.trtllm_tables import TABLES
+from trtllm_dflash.builder.trtllm.fields import check_options
+from trtllm_dflash.builder.trtllm.tables import TABLES
 from trtllm_dflash.cli.build import main as build_main
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from tiny_models import VOCAB, add_tokenizer, drafter_config, drafter_weights, make_hf_target, write_drafter
 from trtllm_dflash.config.manifest import Manifest
 
-from trtllm_dflash.builder.trtllm_fields import check_options
+from trtllm_dflash.builder.trtllm.fields import check_options
 from trtllm_dflash.cli.build import main as build_main
 
 TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
@@ -110,7 +110,7 @@ FAMILIES = [("gpt_oss", "gpt_oss", "GptOssForCausalLM", 4, True, "supported"),
 @pytest.mark.parametrize("family, model_type, architecture, kv_layers, moe, status", FAMILIES)
 def test_every_accepted_family_builds(tmp_path, capsys, drafter, family, model_type, architecture, kv_layers, moe,
                                       status):
-    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
+    from trtllm_dflash.builder.trtllm.targets import TrtllmTarget
 
     target = family_target(tmp_path, family)
     parsed = TrtllmTarget.from_dict(json.loads((target / "config.json").read_text()), "t")
@@ -138,7 +138,7 @@ def test_every_accepted_family_builds(tmp_path, capsys, drafter, family, model_t
 def test_hybrid_kv_layers_without_layer_types():
     """Configs without `layer_types` follow transformers' rule: every `full_attention_interval`-th layer (default
     4) is full attention, the rest Gated DeltaNet with no KV cache."""
-    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
+    from trtllm_dflash.builder.trtllm.targets import TrtllmTarget
 
     text = {**TEXT, "model_type": "qwen3_5_text", "num_hidden_layers": 8}
     assert TrtllmTarget.from_dict(text, "t").kv_layers == 2

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from packaging.version import Version
 
-from trtllm_dflash.builder.trtllm_fields import check_options, literal_choices
-from trtllm_dflash.builder.trtllm_tables import TABLES, known_versions, load_table, table_for
+from trtllm_dflash.builder.trtllm.fields import check_options, literal_choices
+from trtllm_dflash.builder.trtllm.tables import TABLES, known_versions, load_table, table_for
 from trtllm_dflash.utils.errors import DFlashError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -12,7 +12,7 @@ import math
 import pytest
 from tiny_models import make_hf_target
 
-from trtllm_dflash.builder.trtllm_memory import (
+from trtllm_dflash.builder.trtllm.memory import (
     GIB,
     RULES_1_3,
     RULES_1_4,
@@ -109,7 +109,7 @@ TARGET_KV = 36 * 2 * 8 * 128 * 2                    # bytes per token of the tar
 def qwen3_8b_inputs(max_seq_len=8192, **kw):
     from trtllm_dflash.config.model import DrafterConfig
 
-    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
+    from trtllm_dflash.builder.trtllm.targets import TrtllmTarget
 
     target = TrtllmTarget.from_dict(QWEN3_8B, "Qwen3-8B")
     drafter = DrafterConfig.from_dict(QWEN3_8B_DRAFTER, "Qwen3-8B-DFlash-b16")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Write a TensorRT-LLM field table (trtllm_dflash/builder/trtllm_tables/VERSION.json), one per upstream version.
+"""Write a TensorRT-LLM field table (trtllm_dflash/builder/trtllm/tables/VERSION.json), one per upstream version.
 
 generate: from TensorRT-LLM's tensorrt_llm/llmapi/llm_args.py. tensorrt_llm cannot be imported without its GPU
 libraries, so the pydantic classes are read with `ast`: every class reachable from TorchLlmArgs through its field
@@ -33,7 +33,7 @@ from pathlib import Path
 
 LLM_ARGS = "tensorrt_llm/llmapi/llm_args.py"
 ROOT = "TorchLlmArgs"
-TABLES = Path(__file__).resolve().parent.parent / "trtllm_dflash" / "builder" / "trtllm_tables"
+TABLES = Path(__file__).resolve().parent.parent / "trtllm_dflash" / "builder" / "trtllm" / "tables"
 ENUM_BASES = {"Enum", "StrEnum", "IntEnum"}
 CONSTRAINTS = ("ge", "gt", "le", "lt", "min_length", "max_length")
 COERCING_MODES = {"before", "plain", "wrap"}
@@ -234,10 +234,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("checkout", type=Path, help="a TensorRT-LLM checkout, or its llm_args.py")
     g.add_argument("--commit", required=True, help="the commit (or tag) the checkout holds")
     g.add_argument("--version", required=True, help="the TensorRT-LLM release it is (e.g. 1.4.0rc4)")
-    g.add_argument("--output", type=Path, help="default: trtllm_tables/VERSION.json")
+    g.add_argument("--output", type=Path, help="default: trtllm_dflash/builder/trtllm/tables/VERSION.json")
     d = sub.add_parser("derive", help="from an existing table and a changes file")
     d.add_argument("changes", type=Path, help="tools/trtllm_changes/VERSION.json")
-    d.add_argument("--output", type=Path, help="default: trtllm_tables/VERSION.json")
+    d.add_argument("--output", type=Path, help="default: trtllm_dflash/builder/trtllm/tables/VERSION.json")
     return p
 
 

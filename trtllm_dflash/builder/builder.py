@@ -1,101 +1,53 @@
-"""Build an engine directory: validate the pair, write into a temporary sibling, rename at the end."""
+"""Build an engine directory: plan and check the build, let the backend write into a temporary sibling, rename
+at the end."""
 
 from __future__ import annotations
 
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from .. import __version__
-from ..checkpoint.drafter import DrafterCheckpoint, read_drafter
+from ..checkpoint.drafter import read_drafter
 from ..checkpoint.hf import resolve_model_dir, weight_files
 from ..config.manifest import MANIFEST, Manifest, is_engine, sha256_json
-from ..config.model import DrafterConfig, TargetConfig, read_config_json
+from ..config.model import DrafterConfig, read_config_json
 from ..config.pairing import check_block_size, validate_pair
-from ..distributed.parallel import check_divisible, check_divisible_experts, check_linear_heads
+from ..distributed.parallel import check_divisible
 from ..utils.errors import DFlashError
 from ..utils.output_dir import building, check_output, publish
+from .backend import backend_for
+from .plan import TOKENIZER_FILES, BuildPlan
 from .spec import BuildSpec
-
-TRTLLM_DEFAULT_MAX_SEQ_LEN = 8192
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
-                   "vocab.json", "merges.txt", "added_tokens.json", "chat_template.jinja")
-
-
-@dataclass
-class BuildPlan:
-    """Everything a backend writer needs, checked before a byte is written."""
-
-    spec: BuildSpec
-    target_dir: Path
-    target: TargetConfig  # a TrtllmTarget for the trtllm backend
-    target_json: dict
-    drafter_checkpoint: DrafterCheckpoint  # either format; its layout is z-lab's
-    block_size: int
-    max_seq_len: int
-    final_dir: Path
-
-    @property
-    def drafter_dir(self) -> Path:
-        return self.drafter_checkpoint.path
-
-    @property
-    def drafter(self) -> DrafterConfig:
-        return self.drafter_checkpoint.config
-
-    @property
-    def drafter_json(self) -> dict:
-        """The drafter's config.json in z-lab's layout, whatever the input format."""
-        return self.drafter_checkpoint.layout
 
 
 def plan_build(spec: BuildSpec) -> BuildPlan:
+    backend = backend_for(spec.backend)
     target_dir, drafter_dir = resolve_model_dir(spec.target), resolve_model_dir(spec.drafter)
     target_json, checkpoint = read_config_json(target_dir), read_drafter(drafter_dir)
-    target = parse_target(spec.backend, target_json, str(target_dir / "config.json"))
+    target = backend.read_target(target_json, str(target_dir / "config.json"))
     drafter = checkpoint.config
     validate_pair(target, drafter)
     block = check_block_size(spec.block_size or drafter.block_size, drafter.block_size)
-    max_seq_len = spec.max_seq_len or default_max_seq_len(spec.backend, target, drafter)
-    for name, limit in (("target", target.max_position_embeddings), ("drafter", drafter.max_position_embeddings)):
-        if max_seq_len > limit:
-            raise DFlashError(f"max_seq_len {max_seq_len} exceeds the {name}'s max_position_embeddings {limit}")
-    if isinstance(target, TargetConfig):
-        for kv_heads in sorted({target.kv_heads_and_dim(i)[0] for i in range(target.num_hidden_layers)}):
-            check_divisible("target", target.num_attention_heads, kv_heads, target.intermediate_size or 0, spec.tp)
-        if target.linear_attention is not None:
-            check_linear_heads(target.linear_attention.num_k_heads, target.linear_attention.num_v_heads, spec.tp)
-        if target.moe is not None:
-            check_divisible_experts(target.moe.intermediate_size, target.moe.shared_expert_intermediate_size, spec.tp)
-    else:
-        target.check_tp(spec.tp)
+    max_seq_len = spec.max_seq_len or backend.default_max_seq_len(target, drafter)
+    check_max_seq_len(max_seq_len, target, drafter)
+    plan = BuildPlan(spec, target_dir, target, target_json, checkpoint, block, max_seq_len,
+                     Path(spec.output).expanduser().absolute())
+    backend.check_plan(plan)
     check_divisible("drafter", drafter.num_attention_heads, drafter.num_key_value_heads, drafter.intermediate_size,
                     spec.tp)
     if not any((target_dir / f).is_file() for f in TOKENIZER_FILES):
         raise DFlashError(f"the target in {target_dir} has no tokenizer (expected one of tokenizer.json, "
                           "tokenizer_config.json, tokenizer.model)")
     weight_files(target_dir), weight_files(drafter_dir)  # present, or a clear error now
-    return BuildPlan(spec, target_dir, target, target_json, checkpoint, block, max_seq_len,
-                     Path(spec.output).expanduser().absolute())
+    return plan
 
 
-def parse_target(backend: str, data: dict, source: str):
-    """The torch runtime's own model list, or what TensorRT-LLM's DFlash runs (builder/trtllm_targets.py)."""
-    if backend == "torch":
-        return TargetConfig.from_dict(data, source)
-    from .trtllm_targets import TrtllmTarget
-
-    return TrtllmTarget.from_dict(data, source)
-
-
-def default_max_seq_len(backend: str, target, drafter: DrafterConfig) -> int:
-    """torch: the target's max_position_embeddings. trtllm: at most TRTLLM_DEFAULT_MAX_SEQ_LEN, because
-    TensorRT-LLM's DFlash context arena is dense in max_seq_len (builder/trtllm_memory.py)."""
-    if backend == "torch":
-        return target.max_position_embeddings
-    return min(target.max_position_embeddings, drafter.max_position_embeddings, TRTLLM_DEFAULT_MAX_SEQ_LEN)
+def check_max_seq_len(max_seq_len: int, target, drafter: DrafterConfig) -> None:
+    for name, limit in (("target", target.max_position_embeddings), ("drafter", drafter.max_position_embeddings)):
+        if max_seq_len > limit:
+            raise DFlashError(f"max_seq_len {max_seq_len} exceeds the {name}'s max_position_embeddings {limit}")
 
 
 def build_engine(spec: BuildSpec, command: str) -> Path:
@@ -114,13 +66,7 @@ def build_engine(spec: BuildSpec, command: str) -> Path:
 
 
 def write_backend(plan: BuildPlan, tmp: Path) -> dict:
-    if plan.spec.backend == "torch":
-        from .torch_engine import write_torch_engine
-
-        return write_torch_engine(plan, tmp)
-    from .trtllm_engine import write_trtllm_engine
-
-    return write_trtllm_engine(plan, tmp)
+    return backend_for(plan.spec.backend).write(plan, tmp)
 
 
 def manifest_for(plan: BuildPlan, command: str, details: dict) -> Manifest:
@@ -164,11 +110,3 @@ def check_free_space(parent: Path, needed: int) -> None:
     if free < needed:
         raise DFlashError(f"not enough free disk space under {parent}: about {needed / 2**30:.2f} GiB needed, "
                           f"{free / 2**30:.2f} GiB free")
-
-
-def copy_tokenizer(src: Path, dst: Path) -> list[str]:
-    dst.mkdir(parents=True, exist_ok=True)
-    copied = [name for name in TOKENIZER_FILES if (src / name).is_file()]
-    for name in copied:
-        shutil.copy2(src / name, dst / name)
-    return copied

@@ -9,8 +9,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from ..builder.spec import BACKENDS, QUANTS
-from ..builder.trtllm_tables import known_versions
+from ..builder.backend import BACKENDS, backend_for
+from ..builder.spec import QUANTS
+from ..builder.trtllm.tables import known_versions
 from ..checkpoint.loader import DTYPES
 from ..config.manifest import Manifest
 from ..utils.cli import run_cli
@@ -112,11 +113,9 @@ def run_inspect(argv: list[str]) -> int:
     print(f"files        {len(m.files)}; built with: {m.build_command}")
     for key, value in m.backend_details.items():
         print(f"{key:<12} {value}")
-    if m.backend == "torch":
-        from ..compilation.graph_store import inspect_lines
-        from ..engine.loader import kv_pool_lines
-
-        print("\n".join(kv_pool_lines(Path(args.engine_dir)) + inspect_lines(args.engine_dir)))
+    extra = backend_for(m.backend).inspect_lines(Path(args.engine_dir)) if m.backend in BACKENDS else []
+    if extra:  # what the backend adds beyond the manifest (a manifest of an unknown backend is still printed)
+        print("\n".join(extra))
     return 0
 
 
@@ -224,7 +223,7 @@ def options_parser() -> argparse.ArgumentParser:
 
 
 def run_options(argv: list[str]) -> int:
-    from ..builder.trtllm_engine import write_options_at
+    from ..builder.trtllm.engine import write_options_at
 
     args = options_parser().parse_args(argv)
     text = write_options_at(args.engine_dir, args.output)

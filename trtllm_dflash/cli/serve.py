@@ -157,7 +157,7 @@ def trtllm_openai(args, manifest, repo: Path) -> int:
 
     import yaml
 
-    from ..builder.trtllm_engine import read_options_at
+    from ..builder.trtllm.engine import read_options_at
     from ..serve.openai.trtllm import model_link, trtllm_serve_command
 
     engine = Path(args.engine_dir).absolute()

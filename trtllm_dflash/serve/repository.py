@@ -180,7 +180,7 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
 def llmapi_options(engine_dir: Path, manifest: Manifest, settings: ServeSettings) -> dict:
     """model.yaml: the engine's options at absolute paths, the running batch (never above the one the engine's
     memory was planned for; CUDA graphs kept within it), and Triton's side."""
-    from ..builder.trtllm_engine import read_options_at
+    from ..builder.trtllm.engine import read_options_at
 
     options = read_options_at(engine_dir)
     built = manifest.limits["max_batch_size"]

@@ -2,7 +2,7 @@
 
 TensorRT-LLM's argument classes forbid unknown keys (pydantic `extra="forbid"`, BaseLlmArgs and every
 StrictBaseModel), so a YAML key it does not know fails only inside the container. A field table
-(trtllm_tables.py: one per upstream release) holds the fields of TorchLlmArgs and of every config class its
+(tables.py: one per upstream release) holds the fields of TorchLlmArgs and of every config class its
 annotations reach (names, annotations, defaults, constraints, status, aliases). `check_options` walks an options
 mapping through the table of the chosen release: unknown keys (with the nearest valid name), values of the wrong
 type, deprecated keys (warnings). Classes defined outside llm_args.py (LoraConfig, TelemetryConfig, ...) are passed
@@ -16,12 +16,12 @@ import difflib
 from functools import lru_cache
 from typing import Any
 
-from ..utils.errors import DFlashError
-from .trtllm_tables import FieldTable, first_version_with, table_for
+from ...utils.errors import DFlashError
+from .tables import FieldTable, first_version_with, table_for
 
 #: The first TensorRT-LLM release whose documentation we read lists DFlashDecodingConfig with the fields this
 #: project writes, attention_backend VANILLA|TRTLLM|FA4 included (nvidia.github.io/TensorRT-LLM/1.3.0rc27/
-#: llm-api/reference/DFlashDecodingConfig.html): the oldest field table (trtllm_tables/1.3.0rc27.json).
+#: llm-api/reference/DFlashDecodingConfig.html): the oldest field table (tables/1.3.0rc27.json).
 MIN_TENSORRT_LLM = "1.3.0rc27"
 
 _INTS = {"int": None, "StrictInt": None, "NonNegativeInt": ("ge", 0), "PositiveInt": ("gt", 0)}

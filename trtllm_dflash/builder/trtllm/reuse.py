@@ -15,7 +15,7 @@ the drafter fed.
 
 from __future__ import annotations
 
-from ..utils.errors import DFlashError
+from ...utils.errors import DFlashError
 
 RECOMPUTE_TAIL = ("DFlashDecodingConfig", "context_recompute_tail")
 SET_BY_FLAG = ("kv_cache_config.enable_block_reuse", "speculative_config.context_recompute_tail")

@@ -22,9 +22,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.families import read_as_transformers
-from ..config.model import DRAFTER_ARCHITECTURE
-from ..utils.errors import DFlashError
+from ...config.families import read_as_transformers
+from ...config.model import DRAFTER_ARCHITECTURE
+from ...utils.errors import DFlashError
 
 MATRIX = "supported-models.md@00b6d5a2"
 TESTS = "upstream DFlash tests (shared/reference/trtllm-and-triton.md)"
@@ -71,7 +71,7 @@ class TrtllmTarget:
     max_position_embeddings: int
     kv_layers: int  # layers that keep a KV cache
     moe: bool
-    windowed: bool = False  # has sliding-window attention layers (trtllm_reuse.py)
+    windowed: bool = False  # has sliding-window attention layers (reuse.py)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str) -> TrtllmTarget:

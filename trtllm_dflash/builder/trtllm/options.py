@@ -1,7 +1,7 @@
 """The LLM-API options of a `trtllm` engine: derived from the build spec, the target and the GPU, then the
 user's pass-through options (`llm_options:` in the build YAML, `--llm-option key.sub=value`) merged over them.
 
-Every key and value is checked against TensorRT-LLM's field table (trtllm_fields.py) before it is written.
+Every key and value is checked against TensorRT-LLM's field table (fields.py) before it is written.
 Choices and their sources (NVIDIA/TensorRT-LLM@58ae162a unless named otherwise):
 - speculative_config.attention_backend: TRTLLM on SM100/SM103 (TRTLLM-Gen FMHA over a paged context cache;
   tensorrt_llm/_torch/speculative/dflash_attention.py refuses other SMs), VANILLA elsewhere. FA4 is validated on
@@ -9,7 +9,7 @@ Choices and their sources (NVIDIA/TensorRT-LLM@58ae162a unless named otherwise):
   image may lack, so it is never chosen for you: --dflash-attention-backend FA4 asks for it.
 - moe_config.backend for gpt-oss: TRTLLM on Blackwell, TRITON on Hopper (TensorRT-LLM's "Deployment Guide for
   GPT-OSS", MoE backend support matrix); AUTO (upstream's default) for other MoE targets and unknown GPUs.
-- kv_cache_config.enable_block_reuse: off unless --prefix-reuse asks for it (trtllm_reuse.py).
+- kv_cache_config.enable_block_reuse: off unless --prefix-reuse asks for it (reuse.py).
 - The token budget: every running request's verify step (1 + max_draft_len tokens) fits one forward of
   max_num_tokens (check_token_budget).
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from ..utils.errors import DFlashError
+from ...utils.errors import DFlashError
 
 GPU_SM = {"b200": 100, "gb200": 100, "b300": 103, "gb300": 103, "h100": 90, "h200": 90, "gh200": 90,
           "a100": 80, "l40s": 89}

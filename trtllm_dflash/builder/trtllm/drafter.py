@@ -23,12 +23,12 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
-from ..checkpoint.drafter import DrafterCheckpoint, write_drafter
-from ..checkpoint.hf import tensor_specs, weight_files
-from ..checkpoint.loader import DTYPES
-from ..config.model import DrafterConfig
-from ..utils.errors import DFlashError
-from .trtllm_memory import FLOAT_DTYPES
+from ...checkpoint.drafter import DrafterCheckpoint, write_drafter
+from ...checkpoint.hf import tensor_specs, weight_files
+from ...checkpoint.loader import DTYPES
+from ...config.model import DrafterConfig
+from ...utils.errors import DFlashError
+from .memory import FLOAT_DTYPES
 
 
 def trtllm_drafter_config(drafter: DrafterConfig, base: dict, dtype: str) -> dict:
@@ -50,7 +50,7 @@ def dropped_tensors(checkpoint: DrafterCheckpoint) -> tuple[str, ...]:
     embedding and head (DrafterCheckpoint.tensors)."""
     if checkpoint.format != "speculators":
         return ()
-    from ..checkpoint.speculators import VERIFIER_OWNED
+    from ...checkpoint.speculators import VERIFIER_OWNED
 
     return VERIFIER_OWNED
 

@@ -33,8 +33,8 @@ from dataclasses import asdict, dataclass
 
 from packaging.version import Version
 
-from ..checkpoint.hf import tensor_specs, weight_files
-from ..utils.errors import DFlashError
+from ...checkpoint.hf import tensor_specs, weight_files
+from ...utils.errors import DFlashError
 
 GIB = 1 << 30
 DEFAULT_FRACTION = 0.85  # this tool's kv_cache_config.free_gpu_memory_fraction (upstream default 0.9)

@@ -1,6 +1,6 @@
 """TensorRT-LLM's LLM-API field tables, one per upstream version: which options a given release accepts.
 
-Each trtllm_tables/VERSION.json is written by tools/gen_trtllm_fields.py, either generated from that release's
+Each tables/VERSION.json is written by tools/gen_fields.py, either generated from that release's
 tensorrt_llm/llmapi/llm_args.py (`source.commit`, `source.sha256`) or derived from an older table plus the fields
 the release's API reference adds (`source.derived_from`, `source.references`). `dflash-build --trtllm-version V`
 picks the newest table not newer than V (default: the newest known), so an engine for an older container is not
@@ -17,9 +17,9 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version  # a dependency of transformers
 
-from ..utils.errors import DFlashError
+from ...utils.errors import DFlashError
 
-TABLES = Path(__file__).with_name("trtllm_tables")
+TABLES = Path(__file__).with_name("tables")
 
 
 @dataclass(frozen=True)

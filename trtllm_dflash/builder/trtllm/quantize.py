@@ -13,9 +13,9 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint.loader import DTYPES
-from ..utils.errors import DFlashError
-from ..utils.settings_file import utf8_lines
+from ...checkpoint.loader import DTYPES
+from ...utils.errors import DFlashError
+from ...utils.settings_file import utf8_lines
 
 CONFIGS = {"fp8": "FP8_DEFAULT_CFG", "nvfp4": "NVFP4_DEFAULT_CFG"}
 CALIB_MAX_TOKENS = 512

@@ -1,7 +1,7 @@
 """The `trtllm` backend: what `trtllm-serve --config` and Triton's `llmapi` model need.
 
 Layout: target/ (a Hugging Face checkpoint, Model Optimizer-quantized with --quant), drafter/ (the published
-DFlash layout in the build dtype, its config stating what TensorRT-LLM reads: trtllm_drafter.py), llm_options.yaml
+DFlash layout in the build dtype, its config stating what TensorRT-LLM reads: drafter.py), llm_options.yaml
 (LLM-API options, DFlash speculative config, checked against the field table of the TensorRT-LLM release chosen
 with --trtllm-version). No TensorRT engine is built: TensorRT-LLM runs DFlash only on its PyTorch backend. Nothing
 here imports tensorrt_llm; `dflash-build verify` parses the YAML with it where present.
@@ -22,15 +22,15 @@ from pathlib import Path
 
 import yaml
 
-from ..checkpoint.hf import weight_files
-from ..checkpoint.loader import DTYPES
-from ..draft_length.schedule import read_schedule
-from ..utils.errors import DFlashError
-from .builder import BuildPlan, copy_tokenizer
-from .trtllm_drafter import check_drafter_dtypes, dropped_tensors, write_trtllm_drafter
-from .trtllm_fields import check_options
-from .trtllm_memory import MemoryInputs, checkpoint_bytes, context_rules, plan_memory
-from .trtllm_options import (
+from ...checkpoint.hf import weight_files
+from ...checkpoint.loader import DTYPES
+from ...draft_length.schedule import read_schedule
+from ...utils.errors import DFlashError
+from ..plan import BuildPlan, copy_tokenizer
+from .drafter import check_drafter_dtypes, dropped_tensors, write_trtllm_drafter
+from .fields import check_options
+from .memory import MemoryInputs, checkpoint_bytes, context_rules, plan_memory
+from .options import (
     KV_CACHE_DTYPES,
     attention_backend,
     check_cross_fields,
@@ -41,8 +41,8 @@ from .trtllm_options import (
     merge,
     moe_backend,
 )
-from .trtllm_reuse import reuse_options, reuse_warning
-from .trtllm_tables import FieldTable
+from .reuse import reuse_options, reuse_warning
+from .tables import FieldTable
 
 OPTIONS = "llm_options.yaml"
 QUANT_ITEMSIZE = {"none": None, "fp8": 1.0, "nvfp4": 0.5 + 1 / 16}  # bytes per quantized linear weight
@@ -162,7 +162,7 @@ def read_options_at(engine_dir: Path) -> dict:
 
 def write_options_at(engine_dir: str | Path, output: str | Path | None) -> str:
     """`dflash-build options`: -> the YAML of read_options_at, also written to `output` when given."""
-    from ..config.manifest import Manifest
+    from ...config.manifest import Manifest
 
     if Manifest.read(engine_dir).backend != "trtllm":
         raise DFlashError(f"{engine_dir} is not a trtllm engine: its options are TensorRT-LLM's")
@@ -177,7 +177,7 @@ def write_options_at(engine_dir: str | Path, output: str | Path | None) -> str:
 
 def memory_inputs(plan: BuildPlan, backend: str, table: FieldTable, skip: bool) -> MemoryInputs:
     spec, target, drafter = plan.spec, plan.target, plan.drafter
-    itemsize = DTYPES[spec.dtype].itemsize  # the drafter is stored in it too (trtllm_drafter.py)
+    itemsize = DTYPES[spec.dtype].itemsize  # the drafter is stored in it too (drafter.py)
     weights = (checkpoint_bytes(plan.target_dir, itemsize, QUANT_ITEMSIZE[spec.quant])
                + checkpoint_bytes(plan.drafter_dir, itemsize, exclude=dropped_tensors(plan.drafter_checkpoint)))
     user_fraction = (spec.llm_options.get("kv_cache_config") or {}).get("free_gpu_memory_fraction")
