@@ -78,7 +78,7 @@ def test_config_fields_left_to_transformers_defaults(fields):
     from transformers import AutoConfig
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
 
-    from trtllm_dflash.models.deepseek_v4_layers import HalfRotary
+    from trtllm_dflash.models.deepseek_v4.layers import HalfRotary
 
     theirs = AutoConfig.for_model("deepseek_v4", **fields)
     ours = TargetConfig.from_dict({"model_type": "deepseek_v4", **fields}, "c")

@@ -100,7 +100,7 @@ def test_config_fields_left_to_transformers_defaults(fields):
     from transformers import AutoConfig
     from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
 
-    from trtllm_dflash.models.gemma4_layers import LayerTypeRotary
+    from trtllm_dflash.models.gemma4.layers import LayerTypeRotary
 
     text = AutoConfig.for_model("gemma4_text", **fields)
     cfg = TargetConfig.from_dict({"model_type": "gemma4_text", **fields}, "c")

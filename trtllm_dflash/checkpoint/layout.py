@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from ..config.model import HYBRID_TARGETS, TargetConfig
+from ..models.deepseek_v4.checkpoint import deepseek_v4_tensors
 from ..utils.errors import DFlashError
-from .deepseek_v4 import deepseek_v4_tensors
 from .mxfp4 import dequantize
 
 PER_EXPERT = re.compile(r"^(?P<prefix>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..models.deepseek_v4.config import DeepseekV4Config, deepseek_v4_config
+from ..models.gemma4.config import Gemma4Config, gemma4_config
 from ..utils.errors import DFlashError
-from .deepseek_v4 import DeepseekV4Config, deepseek_v4_config
 from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, read_as_transformers, with_defaults
-from .gemma4 import Gemma4Config, gemma4_config
 from .moe import MoeConfig, moe_config
 
 # Hybrid families: Gated DeltaNet layers beside gated full attention (transformers 5.23,

@@ -12,9 +12,9 @@ from ..cache.state_cache import RecurrentState
 from ..config.model import TargetConfig
 from ..distributed.parallel import SINGLE, Parallel
 from .attention import ForwardContext
-from .deepseek_v4 import DeepseekV4Target
+from .deepseek_v4.model import DeepseekV4Target
 from .gated_delta_net import GatedDeltaNet
-from .gemma4 import Gemma4Target
+from .gemma4.model import Gemma4Target
 from .layers import MLP, Attention, LMHead, RMSNorm, Rotary, VocabEmbedding
 from .moe import MoE
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..utils.errors import DFlashError
-from .families import FULL, SLIDING
+from ...config.families import FULL, SLIDING
+from ...utils.errors import DFlashError
 
 # Gemma4TextRotaryEmbedding: "default" (compute_default_rope_parameters: every frequency over the whole head_dim)
 # or "proportional" (modeling_rope_utils._compute_proportional_rope_parameters)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..utils.errors import DFlashError
+from ...utils.errors import DFlashError
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 LAYER_TYPES = (SLIDING, CSA, HCA)
@@ -94,7 +94,7 @@ def ropes_of(data: dict[str, Any], rope_fraction: float, source: str):
     """(main, compress) RopeConfigs: nested `rope_parameters` {main, compress} as given; otherwise main is the plain
     rope_theta and compress the flat rope parameters (YaRN, with attention_factor 1 unless given) at
     compress_rope_theta."""
-    from .model import RopeConfig
+    from ...config.model import RopeConfig
 
     params = {**(data.get("rope_scaling") or {}), **(data.get("rope_parameters") or {})}
     extra = {"max_position_embeddings": data["max_position_embeddings"]}

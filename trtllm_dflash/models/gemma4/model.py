@@ -23,14 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache.kv_cache import BlockTable, KVCache, LayerCacheSpec
-from ..config.families import FULL, SLIDING
-from ..config.model import TargetConfig
-from ..distributed.parallel import SINGLE, HeadSplit, Parallel
-from .attention import ForwardContext
-from .gemma4_layers import GeluMLP, Gemma4Router, Gemma4SelfAttention, GemmaRMSNorm, LayerTypeRotary
-from .layers import LMHead, VocabEmbedding
-from .moe import Experts
+from ...cache.kv_cache import BlockTable, KVCache, LayerCacheSpec
+from ...config.families import FULL, SLIDING
+from ...config.model import TargetConfig
+from ...distributed.parallel import SINGLE, HeadSplit, Parallel
+from ..attention import ForwardContext
+from ..layers import LMHead, VocabEmbedding
+from ..moe import Experts
+from .layers import GeluMLP, Gemma4Router, Gemma4SelfAttention, GemmaRMSNorm, LayerTypeRotary
 
 
 def fp32(value: float) -> float:

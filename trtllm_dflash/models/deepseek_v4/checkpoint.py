@@ -18,7 +18,7 @@ import re
 
 import torch
 
-from ..utils.errors import DFlashError
+from ...utils.errors import DFlashError
 
 # transformers 5.24 conversion_mapping.py "deepseek_v4", in order (WeightRenaming source -> target)
 RENAMES = [

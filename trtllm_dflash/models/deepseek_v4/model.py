@@ -23,11 +23,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..cache.kv_cache import KVCache, LayerCacheSpec
-from ..config.model import TargetConfig
-from ..distributed.parallel import SINGLE, Parallel
-from .attention import ForwardContext
-from .deepseek_v4_layers import (
+from ...cache.kv_cache import KVCache, LayerCacheSpec
+from ...config.model import TargetConfig
+from ...distributed.parallel import SINGLE, Parallel
+from ..attention import ForwardContext
+from ..layers import LMHead, VocabEmbedding
+from ..moe import Experts
+from .layers import (
     DsAttention,
     DsRMSNorm,
     DsRotary,
@@ -38,8 +40,6 @@ from .deepseek_v4_layers import (
     ScoreRouter,
     mix,
 )
-from .layers import LMHead, VocabEmbedding
-from .moe import Experts
 
 
 class DsMoE(nn.Module):
