@@ -58,24 +58,22 @@ DRAFTER_5 = {**QWEN3_8B, "architectures": ["DFlashDraftModel"], "num_hidden_laye
 
 
 def meta_generator():
-    from trtllm_dflash.config.model import DrafterConfig, TargetConfig
     from trtllm_dflash.engine.generator import Generator
-
     from trtllm_dflash.models.drafter import DFlashDrafter
+    from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
     from trtllm_dflash.models.target import TargetModel
     from trtllm_dflash.speculative.dflash import DFlashProposer
 
     with torch.device("meta"):
-        target = TargetModel(TargetConfig.from_dict(QWEN3_8B, "qwen3-8b")).to(torch.bfloat16)
-        drafter = DFlashDrafter(DrafterConfig.from_dict(DRAFTER_5, "dflash-5")).to(torch.bfloat16)
+        target = TargetModel(parse_target_config(QWEN3_8B, "qwen3-8b")).to(torch.bfloat16)
+        drafter = DFlashDrafter(parse_drafter_config(DRAFTER_5, "dflash-5")).to(torch.bfloat16)
     weights = sum(p.numel() * p.element_size() for m in (target, drafter) for p in m.parameters())
     return Generator(target, DFlashProposer(drafter, target, context_kv="unfused")), weights
 
 
 def memory(gpu_bytes: float, tokens: int, max_seq_len: int, rows: int) -> dict:
-    from trtllm_dflash.engine.request import Request
-
     from trtllm_dflash.cache.kv_cache import blocks_for
+    from trtllm_dflash.engine.request import Request
 
     gen, weights = meta_generator()
     gen.kv_cache_bytes = int(gpu_bytes - weights)
@@ -123,10 +121,10 @@ def stream(ends, text: str, max_tokens: int) -> dict:
 def engine_and_texts(root: Path, count: int, tokens: int):
     """The float32 built-in engine (calibrated where serving looks) and `count` held-out windows of `tokens`."""
     from transformers import AutoTokenizer
-    from trtllm_dflash.engine.draft_len import calibrate_engine
 
     from trtllm_dflash.builder.builder import build_engine
     from trtllm_dflash.builder.spec import BuildSpec
+    from trtllm_dflash.engine.draft_len import calibrate_engine
     from trtllm_dflash.pairs import stdlib_pair
     from trtllm_dflash.train.corpus import split, stdlib_sources
 

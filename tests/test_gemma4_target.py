@@ -16,13 +16,14 @@ from oracle import ReferenceDrafter, reference_dflash_greedy
 from safetensors.torch import load_file
 from test_hybrid_target import ScriptedProposer, scripted_results
 from tiny_models import GEMMA4_TEXT, VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_gemma4, write_drafter
+
 from trtllm_dflash.checkpoint.loader import load_target
+from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.config.model import TargetConfig
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
-
-from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.models.attention import ForwardContext
+from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.utils.errors import DFlashError
 
 PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
@@ -59,7 +60,7 @@ def drafter(tmp_path_factory, drafter_cfg):
 
 
 def config_of(path) -> TargetConfig:
-    return TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c")
+    return parse_target_config(json.loads((path / "config.json").read_text()), "c")
 
 
 def test_config_reads_what_transformers_builds(gemma):
@@ -103,7 +104,7 @@ def test_config_fields_left_to_transformers_defaults(fields):
     from trtllm_dflash.models.gemma4.layers import LayerTypeRotary
 
     text = AutoConfig.for_model("gemma4_text", **fields)
-    cfg = TargetConfig.from_dict({"model_type": "gemma4_text", **fields}, "c")
+    cfg = parse_target_config({"model_type": "gemma4_text", **fields}, "c")
     layers = text.num_hidden_layers
     assert cfg.layer_types == tuple(text.layer_types) and cfg.sliding_window == text.sliding_window
     assert [cfg.kv_heads_and_dim(i) for i in range(layers)] == [
@@ -127,7 +128,7 @@ def test_config_fields_left_to_transformers_defaults(fields):
 ])
 def test_bad_configs_name_the_field(change, message):
     with pytest.raises(DFlashError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        TargetConfig.from_dict({"model_type": "gemma4_text", **GEMMA4_TEXT, **change}, "c")
+        parse_target_config({"model_type": "gemma4_text", **GEMMA4_TEXT, **change}, "c")
 
 
 def test_logits_and_hidden_states_after_rollback(gemma):
@@ -249,9 +250,8 @@ def test_tp2_engine_equals_transformers(gemma, drafter, tmp_path):
     shards reassemble to the checkpoint's language model."""
     from trtllm_dflash.checkpoint.layout import target_tensors
     from trtllm_dflash.checkpoint.sharding import unshard_state
-    from trtllm_dflash.engine.loader import generate_with_engine
-
     from trtllm_dflash.cli.build import main as build_main
+    from trtllm_dflash.engine.loader import generate_with_engine
 
     hf, path, expected = gemma
     out = tmp_path / "tp2"

@@ -15,6 +15,7 @@ from ..config.manifest import MANIFEST, Manifest, is_engine, sha256_json
 from ..config.model import DrafterConfig, TargetConfig, read_config_json
 from ..config.pairing import check_block_size, validate_pair
 from ..distributed.parallel import check_divisible, check_divisible_experts, check_linear_heads
+from ..models.registry import parse_target_config
 from ..utils.errors import DFlashError
 from ..utils.output_dir import building, check_output, publish
 from .spec import BuildSpec
@@ -84,7 +85,7 @@ def plan_build(spec: BuildSpec) -> BuildPlan:
 def parse_target(backend: str, data: dict, source: str):
     """The torch runtime's own model list, or what TensorRT-LLM's DFlash runs (builder/trtllm_targets.py)."""
     if backend == "torch":
-        return TargetConfig.from_dict(data, source)
+        return parse_target_config(data, source)
     from .trtllm_targets import TrtllmTarget
 
     return TrtllmTarget.from_dict(data, source)

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..config.families import read_as_transformers
 from ..config.model import DRAFTER_ARCHITECTURE
+from ..models.registry import read_as_transformers
 from ..utils.errors import DFlashError
 
 MATRIX = "supported-models.md@00b6d5a2"

@@ -15,6 +15,7 @@ from ..config.model import DrafterConfig, TargetConfig, read_config_json
 from ..config.pairing import validate_pair
 from ..distributed.parallel import Parallel
 from ..models.drafter import DFlashDrafter
+from ..models.registry import parse_drafter_config, parse_target_config
 from ..models.target import build_target
 from ..utils.errors import DFlashError
 from .trtllm_engine import OPTIONS, options_at
@@ -43,8 +44,8 @@ def verify_engine(engine_dir: str | Path) -> tuple[bool, list[str]]:
 
 
 def read_configs(target_dir: Path, drafter_dir: Path) -> tuple[TargetConfig, DrafterConfig]:
-    target = TargetConfig.from_dict(read_config_json(target_dir), str(target_dir / "config.json"))
-    drafter = DrafterConfig.from_dict(read_config_json(drafter_dir), str(drafter_dir / "config.json"))
+    target = parse_target_config(read_config_json(target_dir), str(target_dir / "config.json"))
+    drafter = parse_drafter_config(read_config_json(drafter_dir), str(drafter_dir / "config.json"))
     validate_pair(target, drafter)
     return target, drafter
 
@@ -66,7 +67,7 @@ def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
 
     source = engine_dir / "target" / "config.json"
     target = TrtllmTarget.from_dict(read_config_json(engine_dir / "target"), str(source))
-    drafter = DrafterConfig.from_dict(read_config_json(engine_dir / "drafter"), str(engine_dir / "drafter"))
+    drafter = parse_drafter_config(read_config_json(engine_dir / "drafter"), str(engine_dir / "drafter"))
     validate_pair(target, drafter)
     tensors = load_tensors(engine_dir / "drafter")
     with torch.device("meta"):

@@ -12,9 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...config.families import FULL, SLIDING
-from ...config.model import RopeConfig, TargetConfig
+from ...config.family import FULL, SLIDING
+from ...config.model import TargetConfig
 from ...config.moe import MoeConfig
+from ...config.rope import RopeConfig
 from ...distributed.parallel import SINGLE, HeadSplit, Parallel
 from ..attention import AttentionSpec
 from ..layers import MLP, PackedLinear, RMSNorm, Rotary, apply_rope, keep_checkpoint_names
