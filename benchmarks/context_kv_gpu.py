@@ -31,8 +31,9 @@ PREFILL = [(n, 1) for n in (1024, 4096, 8192)]
 
 
 def make_drafter(shape: dict, device, dtype):
-    from trtllm_dflash.models.drafter import DFlashDrafter
     from trtllm_dflash.models.registry import parse_drafter_config
+
+    from trtllm_dflash.models.drafter import DFlashDrafter
 
     cfg = parse_drafter_config({
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 151936,

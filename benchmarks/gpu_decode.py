@@ -63,10 +63,11 @@ def random_checkpoint(model_cls, cfg, device, dtype) -> dict[str, torch.Tensor]:
 
 def build(shape: dict, drafter_layers: int, device: str, dtype):
     from trtllm_dflash.checkpoint.loader import drafter_from_tensors, target_from_tensors
-    from trtllm_dflash.distributed.parallel import SINGLE
-    from trtllm_dflash.engine.generator import Generator
-    from trtllm_dflash.models.drafter import DFlashDrafter
     from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
+    from trtllm_dflash.engine.generator import Generator
+
+    from trtllm_dflash.distributed.parallel import SINGLE
+    from trtllm_dflash.models.drafter import DFlashDrafter
     from trtllm_dflash.models.target import TargetModel
     from trtllm_dflash.speculative import DFlashProposer
 

@@ -58,9 +58,10 @@ DRAFTER_5 = {**QWEN3_8B, "architectures": ["DFlashDraftModel"], "num_hidden_laye
 
 
 def meta_generator():
-    from trtllm_dflash.engine.generator import Generator
-    from trtllm_dflash.models.drafter import DFlashDrafter
     from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
+    from trtllm_dflash.engine.generator import Generator
+
+    from trtllm_dflash.models.drafter import DFlashDrafter
     from trtllm_dflash.models.target import TargetModel
     from trtllm_dflash.speculative.dflash import DFlashProposer
 
@@ -72,8 +73,9 @@ def meta_generator():
 
 
 def memory(gpu_bytes: float, tokens: int, max_seq_len: int, rows: int) -> dict:
-    from trtllm_dflash.cache.kv_cache import blocks_for
     from trtllm_dflash.engine.request import Request
+
+    from trtllm_dflash.cache.kv_cache import blocks_for
 
     gen, weights = meta_generator()
     gen.kv_cache_bytes = int(gpu_bytes - weights)
@@ -121,10 +123,10 @@ def stream(ends, text: str, max_tokens: int) -> dict:
 def engine_and_texts(root: Path, count: int, tokens: int):
     """The float32 built-in engine (calibrated where serving looks) and `count` held-out windows of `tokens`."""
     from transformers import AutoTokenizer
+    from trtllm_dflash.engine.draft_len import calibrate_engine
 
     from trtllm_dflash.builder.builder import build_engine
     from trtllm_dflash.builder.spec import BuildSpec
-    from trtllm_dflash.engine.draft_len import calibrate_engine
     from trtllm_dflash.pairs import stdlib_pair
     from trtllm_dflash.train.corpus import split, stdlib_sources
 

@@ -11,12 +11,12 @@ import yaml
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tiny_models import add_tokenizer, drafter_config, make_hf_target, write_drafter
+from trtllm_dflash.checkpoint.loader import check_weights
+from trtllm_dflash.config.manifest import Manifest
 
 from trtllm_dflash.builder import builder
 from trtllm_dflash.builder.trtllm_fields import check_options
-from trtllm_dflash.checkpoint.loader import check_weights
 from trtllm_dflash.cli.build import main as build_main
-from trtllm_dflash.config.manifest import Manifest
 from trtllm_dflash.models.drafter import DFlashDrafter
 from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
 
@@ -97,6 +97,7 @@ def test_engine_shards_reassemble_to_the_original(pairs, tmp_path):
 @pytest.mark.parametrize("heads, kv_heads, vocab, world", [(4, 2, 98, 4), (4, 1, 96, 2), (8, 8, 101, 2), (4, 4, 96, 1)])
 def test_shard_then_unshard_is_identity(heads, kv_heads, vocab, world):
     from trtllm_dflash.checkpoint.sharding import shard_state, unshard_state
+
     from trtllm_dflash.distributed.parallel import Parallel
     from trtllm_dflash.models.target import TargetModel
 

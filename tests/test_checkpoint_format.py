@@ -6,9 +6,9 @@ import re
 import pytest
 import torch
 from tiny_models import drafter_config, drafter_weights, write_drafter
-
 from trtllm_dflash.checkpoint.loader import load_drafter
 from trtllm_dflash.config.model import RopeConfig, default_target_layer_ids
+
 from trtllm_dflash.models.layers import rope_inv_freq
 from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
 from trtllm_dflash.utils.errors import DFlashError

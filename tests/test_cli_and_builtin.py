@@ -6,12 +6,12 @@ import sys
 
 import pytest
 import torch
-
-from trtllm_dflash.builtin import DRAFTER, held_out_prompts
 from trtllm_dflash.checkpoint.loader import load_target
 from trtllm_dflash.engine.generator import Generator
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.builtin import DRAFTER, held_out_prompts
 from trtllm_dflash.models.drafter import DFlashDrafter
 from trtllm_dflash.models.registry import parse_drafter_config
 from trtllm_dflash.speculative import DFlashProposer

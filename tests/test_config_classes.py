@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 from tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter
-
-from trtllm_dflash.cli.build import main as build_main
+from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.engine.loader import generate_with_engine
 from trtllm_dflash.engine.request import Request
-from trtllm_dflash.models.registry import parse_target_config
+
+from trtllm_dflash.cli.build import main as build_main
 
 PROMPTS = [list(range(3, 15)), [7, 50, 2, 9, 33]]
 NEW = 12

@@ -24,11 +24,11 @@ from tiny_models import (
     make_hf_deepseek_v4,
     write_drafter,
 )
-
 from trtllm_dflash.checkpoint.loader import load_target
-from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.models.attention import ForwardContext
 from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.utils.errors import DFlashError
@@ -252,8 +252,9 @@ def test_fp8_scales_of_the_wrong_shape_name_the_weight(dsv4, tmp_path):
 
 def test_torch_engine_equals_transformers(dsv4, drafter, tmp_path):
     """dflash-build --backend torch, verified, then DFlash generation from the engine equals transformers."""
-    from trtllm_dflash.cli.build import main as build_main
     from trtllm_dflash.engine.loader import generate_with_engine
+
+    from trtllm_dflash.cli.build import main as build_main
 
     hf, path, expected = dsv4
     out = tmp_path / "engine"
@@ -270,8 +271,9 @@ def test_tp2_engine_equals_transformers(dsv4, drafter, tmp_path):
     equals transformers', and the rank shards reassemble to the checkpoint as loaded."""
     from trtllm_dflash.checkpoint.layout import target_tensors
     from trtllm_dflash.checkpoint.sharding import unshard_state
-    from trtllm_dflash.cli.build import main as build_main
     from trtllm_dflash.engine.loader import generate_with_engine
+
+    from trtllm_dflash.cli.build import main as build_main
 
     hf, path, expected = dsv4
     out = tmp_path / "tp2"

@@ -16,12 +16,12 @@ from oracle import ReferenceDrafter, reference_dflash_greedy
 from safetensors.torch import load_file
 from test_hybrid_target import ScriptedProposer, scripted_results
 from tiny_models import GEMMA4_TEXT, VOCAB, add_tokenizer, drafter_config, hf_generate, make_hf_gemma4, write_drafter
-
 from trtllm_dflash.checkpoint.loader import load_target
-from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.config.model import TargetConfig
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.models.attention import ForwardContext
 from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.utils.errors import DFlashError
@@ -250,8 +250,9 @@ def test_tp2_engine_equals_transformers(gemma, drafter, tmp_path):
     shards reassemble to the checkpoint's language model."""
     from trtllm_dflash.checkpoint.layout import target_tensors
     from trtllm_dflash.checkpoint.sharding import unshard_state
-    from trtllm_dflash.cli.build import main as build_main
     from trtllm_dflash.engine.loader import generate_with_engine
+
+    from trtllm_dflash.cli.build import main as build_main
 
     hf, path, expected = gemma
     out = tmp_path / "tp2"

@@ -9,16 +9,16 @@ import torch
 from host_traffic import host_traffic_of_steps
 from safetensors.torch import load_file
 from tiny_models import MOE_FIELDS, VOCAB, add_tokenizer, hf_generate, make_hf_hybrid, write_drafter
-
-from trtllm_dflash.builder.builder import build_engine
-from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.checkpoint.loader import load_target
-from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
-from trtllm_dflash.draft_length.policy import DraftLenPolicy
 from trtllm_dflash.engine.generator import Generator
 from trtllm_dflash.engine.loader import generate_with_engine
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
+
+from trtllm_dflash.builder.builder import build_engine
+from trtllm_dflash.builder.spec import BuildSpec
+from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
+from trtllm_dflash.draft_length.policy import DraftLenPolicy
 from trtllm_dflash.models.attention import ForwardContext
 from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.speculative.base import Proposer

@@ -5,11 +5,11 @@ import json
 import pytest
 import torch
 from tiny_models import make_hf_target
-
 from trtllm_dflash.checkpoint.hf import load_tensors
 from trtllm_dflash.checkpoint.layout import target_tensors
 from trtllm_dflash.config.model import TargetConfig, read_config_json
 from trtllm_dflash.config.moe import MoeConfig
+
 from trtllm_dflash.models import moe as moe_module
 from trtllm_dflash.models.moe import MoE
 from trtllm_dflash.models.registry import parse_target_config

@@ -6,14 +6,14 @@ import pytest
 import torch
 from safetensors import safe_open
 from tiny_models import add_tokenizer, make_hf_target, write_drafter
-
-from trtllm_dflash.builder.quantize import check_routers_excluded
 from trtllm_dflash.checkpoint.hf import load_tensors
 from trtllm_dflash.checkpoint.layout import target_tensors
 from trtllm_dflash.checkpoint.sharding import shard_state, unshard_state
-from trtllm_dflash.cli.build import main as build_main
 from trtllm_dflash.config.model import read_config_json
 from trtllm_dflash.models.registry import parse_target_config
+
+from trtllm_dflash.builder.quantize import check_routers_excluded
+from trtllm_dflash.cli.build import main as build_main
 from trtllm_dflash.utils.errors import DFlashError
 
 

@@ -107,8 +107,9 @@ TARGET_KV = 36 * 2 * 8 * 128 * 2                    # bytes per token of the tar
 
 
 def qwen3_8b_inputs(max_seq_len=8192, **kw):
-    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
     from trtllm_dflash.models.registry import parse_drafter_config
+
+    from trtllm_dflash.builder.trtllm_targets import TrtllmTarget
 
     target = TrtllmTarget.from_dict(QWEN3_8B, "Qwen3-8B")
     drafter = parse_drafter_config(QWEN3_8B_DRAFTER, "Qwen3-8B-DFlash-b16")
