@@ -31,11 +31,11 @@ PREFILL = [(n, 1) for n in (1024, 4096, 8192)]
 
 
 def make_drafter(shape: dict, device, dtype):
-    from trtllm_dflash.config.model import DrafterConfig
+    from trtllm_dflash.models.registry import parse_drafter_config
 
     from trtllm_dflash.models.drafter import DFlashDrafter
 
-    cfg = DrafterConfig.from_dict({
+    cfg = parse_drafter_config({
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "vocab_size": 151936,
         "hidden_size": shape["hidden"], "intermediate_size": shape["intermediate"],
         "num_hidden_layers": shape["layers"], "num_attention_heads": shape["heads"],

@@ -63,7 +63,7 @@ def random_checkpoint(model_cls, cfg, device, dtype) -> dict[str, torch.Tensor]:
 
 def build(shape: dict, drafter_layers: int, device: str, dtype):
     from trtllm_dflash.checkpoint.loader import drafter_from_tensors, target_from_tensors
-    from trtllm_dflash.config.model import DrafterConfig, TargetConfig
+    from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
     from trtllm_dflash.engine.generator import Generator
 
     from trtllm_dflash.distributed.parallel import SINGLE
@@ -72,7 +72,7 @@ def build(shape: dict, drafter_layers: int, device: str, dtype):
     from trtllm_dflash.speculative import DFlashProposer
 
     t_raw, d_raw = configs(shape, drafter_layers)
-    t_cfg, d_cfg = TargetConfig.from_dict(t_raw, "target"), DrafterConfig.from_dict(d_raw, "drafter")
+    t_cfg, d_cfg = parse_target_config(t_raw, "target"), parse_drafter_config(d_raw, "drafter")
     target = target_from_tensors(t_cfg, random_checkpoint(TargetModel, t_cfg, device, dtype), Path("random"),
                                  SINGLE, dtype, device)
     drafter = drafter_from_tensors(d_cfg, random_checkpoint(DFlashDrafter, d_cfg, device, dtype), Path("random"),

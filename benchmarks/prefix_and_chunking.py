@@ -58,7 +58,7 @@ DRAFTER_5 = {**QWEN3_8B, "architectures": ["DFlashDraftModel"], "num_hidden_laye
 
 
 def meta_generator():
-    from trtllm_dflash.config.model import DrafterConfig, TargetConfig
+    from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
     from trtllm_dflash.engine.generator import Generator
 
     from trtllm_dflash.models.drafter import DFlashDrafter
@@ -66,8 +66,8 @@ def meta_generator():
     from trtllm_dflash.speculative.dflash import DFlashProposer
 
     with torch.device("meta"):
-        target = TargetModel(TargetConfig.from_dict(QWEN3_8B, "qwen3-8b")).to(torch.bfloat16)
-        drafter = DFlashDrafter(DrafterConfig.from_dict(DRAFTER_5, "dflash-5")).to(torch.bfloat16)
+        target = TargetModel(parse_target_config(QWEN3_8B, "qwen3-8b")).to(torch.bfloat16)
+        drafter = DFlashDrafter(parse_drafter_config(DRAFTER_5, "dflash-5")).to(torch.bfloat16)
     weights = sum(p.numel() * p.element_size() for m in (target, drafter) for p in m.parameters())
     return Generator(target, DFlashProposer(drafter, target, context_kv="unfused")), weights
 

@@ -13,12 +13,12 @@ from safetensors.torch import load_file, save_file
 from tiny_models import add_tokenizer, drafter_config, make_hf_target, write_drafter
 from trtllm_dflash.checkpoint.loader import check_weights
 from trtllm_dflash.config.manifest import Manifest
-from trtllm_dflash.config.model import DrafterConfig
 
 from trtllm_dflash.builder import builder
 from trtllm_dflash.builder.trtllm.fields import check_options
 from trtllm_dflash.cli.build import main as build_main
 from trtllm_dflash.models.drafter import DFlashDrafter
+from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
 
 PROMPTS = ["5,9,13,2,77,31,8", "40,41,42,43,44,45,46,47,48,49,50,51"]  # short, and longer than a block
 
@@ -80,11 +80,11 @@ def test_tp2_engine_keeps_real_acceptance(builtin, tmp_path):
 
 def test_engine_shards_reassemble_to_the_original(pairs, tmp_path):
     from trtllm_dflash.checkpoint.sharding import unshard_state
-    from trtllm_dflash.config.model import TargetConfig, read_config_json
+    from trtllm_dflash.config.model import read_config_json
 
     target, drafter = pairs["qwen3-kv1"]
     build("--target", target, "--drafter", drafter, "--output", tmp_path / "e", "--tp", 2, "--dtype", "float32")
-    cfg = TargetConfig.from_dict(read_config_json(target), "t")
+    cfg = parse_target_config(read_config_json(target), "t")
     shards = [load_file(str(tmp_path / "e" / "target" / f"rank{r}.safetensors")) for r in range(2)]
     assert shards[0]["model.layers.0.self_attn.k_proj.weight"].shape[0] == cfg.head_dim  # 1 KV head, replicated
     full = unshard_state(shards, cfg, cfg.vocab_size)
@@ -97,12 +97,11 @@ def test_engine_shards_reassemble_to_the_original(pairs, tmp_path):
 @pytest.mark.parametrize("heads, kv_heads, vocab, world", [(4, 2, 98, 4), (4, 1, 96, 2), (8, 8, 101, 2), (4, 4, 96, 1)])
 def test_shard_then_unshard_is_identity(heads, kv_heads, vocab, world):
     from trtllm_dflash.checkpoint.sharding import shard_state, unshard_state
-    from trtllm_dflash.config.model import TargetConfig
 
     from trtllm_dflash.distributed.parallel import Parallel
     from trtllm_dflash.models.target import TargetModel
 
-    cfg = TargetConfig.from_dict({"model_type": "qwen3", "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64,
+    cfg = parse_target_config({"model_type": "qwen3", "vocab_size": vocab, "hidden_size": 32, "intermediate_size": 64,
                                   "num_hidden_layers": 2, "num_attention_heads": heads,
                                   "num_key_value_heads": kv_heads, "head_dim": 8, "attention_bias": True}, "cfg")
     torch.manual_seed(0)
@@ -130,7 +129,8 @@ def test_trtllm_engine_options_and_published_drafter_layout(pairs, tmp_path):
     cfg = json.loads((out / "drafter" / "config.json").read_text())
     assert cfg["architectures"] == ["DFlashDraftModel"] and "dflash_config" in cfg
     with torch.device("meta"):
-        check_weights(DFlashDrafter(DrafterConfig.from_dict(cfg, "d")), load_file(str(out / "drafter" / "model.safetensors")), out)
+        check_weights(DFlashDrafter(parse_drafter_config(cfg, "d")),
+                      load_file(str(out / "drafter" / "model.safetensors")), out)
     m = Manifest.read(out)
     assert m.backend == "trtllm" and m.backend_details["min_tensorrt_llm"] and m.block_size == 6
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 from tiny_models import drafter_config, drafter_weights, write_drafter
 from trtllm_dflash.checkpoint.loader import load_drafter
-from trtllm_dflash.config.model import DrafterConfig, RopeConfig, TargetConfig, default_target_layer_ids
+from trtllm_dflash.config.model import RopeConfig, default_target_layer_ids
 
 from trtllm_dflash.models.layers import rope_inv_freq
+from trtllm_dflash.models.registry import parse_drafter_config, parse_target_config
 from trtllm_dflash.utils.errors import DFlashError
 
 # The published Qwen3-8B drafter's config.json (z-lab), as documented in shared/reference/dflash.md.
@@ -24,7 +25,7 @@ PUBLISHED_QWEN3_8B = {
 
 
 def test_published_drafter_config_parses():
-    cfg = DrafterConfig.from_dict(PUBLISHED_QWEN3_8B, "published")
+    cfg = parse_drafter_config(PUBLISHED_QWEN3_8B, "published")
     assert cfg.target_layer_ids == (1, 9, 17, 25, 33) and cfg.mask_token_id == 151669
     assert cfg.block_size == 16 and cfg.num_target_layers == 36 and cfg.rope.theta == 1e6
     assert cfg.layer_types == ("full_attention",) * 5 and cfg.sliding_window is None
@@ -34,7 +35,7 @@ def test_default_target_layer_ids():
     assert default_target_layer_ids(36, 5) == [1, 9, 17, 25, 33]
     assert default_target_layer_ids(36, 1) == [18]
     no_ids = dict(PUBLISHED_QWEN3_8B, dflash_config={"mask_token_id": 151669})
-    assert DrafterConfig.from_dict(no_ids, "x").target_layer_ids == (1, 9, 17, 25, 33)
+    assert parse_drafter_config(no_ids, "x").target_layer_ids == (1, 9, 17, 25, 33)
 
 
 def test_published_weight_names_load_exactly(tmp_path):
@@ -77,7 +78,7 @@ def test_bad_drafter_configs(change, needle):
     if cfg.get("dflash_config") is None:
         cfg["dflash_config"] = None
     with pytest.raises(DFlashError, match=re.escape(needle)):
-        DrafterConfig.from_dict(cfg, "drafter/config.json")
+        parse_drafter_config(cfg, "drafter/config.json")
 
 
 LLAMA31_ROPE = {"rope_theta": 500000.0, "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0,
@@ -139,7 +140,7 @@ def test_unsupported_rope_type_is_named():
 
 def test_target_config_rejects_a_drafter():
     with pytest.raises(DFlashError, match="this is a DFlash drafter"):
-        TargetConfig.from_dict(PUBLISHED_QWEN3_8B, "t")
+        parse_target_config(PUBLISHED_QWEN3_8B, "t")
 
 
 def test_sliding_window_layouts_follow_transformers():
@@ -153,7 +154,7 @@ def test_sliding_window_layouts_follow_transformers():
              ("gpt_oss", {**qwen, "num_local_experts": 4, "num_experts_per_tok": 2})]
     for model_type, data in cases:
         data = {**data, "model_type": model_type}
-        ours = TargetConfig.from_dict(data, model_type)
+        ours = parse_target_config(data, model_type)
         hf = AutoConfig.for_model(**data)
         types = getattr(hf, "layer_types", None) or ["sliding_attention" if hf.sliding_window else "full_attention"] * 6
         window = hf.sliding_window if "sliding_attention" in types else None
@@ -171,7 +172,7 @@ def test_drafter_layouts_follow_the_config_class_of_their_model_type(model_type,
 
     data = {**drafter_config(), "model_type": model_type, **fields}
     try:
-        ours = DrafterConfig.from_dict(data, "d")
+        ours = parse_drafter_config(data, "d")
     except DFlashError as exc:
         assert "no sliding_window" in str(exc)  # sliding layers whose window the config class dropped
         return
@@ -196,7 +197,7 @@ def test_gpt_oss_drafter_takes_the_gpt_oss_config_defaults():
     sliding (128) and full layers and use YaRN; the drafter must be built the same way."""
     from transformers import AutoConfig
 
-    cfg = DrafterConfig.from_dict(PUBLISHED_GPT_OSS_20B_DRAFTER, "d")
+    cfg = parse_drafter_config(PUBLISHED_GPT_OSS_20B_DRAFTER, "d")
     hf = AutoConfig.for_model(**PUBLISHED_GPT_OSS_20B_DRAFTER)
     assert cfg.layer_types == tuple(hf.layer_types) and cfg.sliding_window == hf.sliding_window == 128
     assert cfg.rope.rope_type == "yarn" and cfg.rope.factor == 32.0 and cfg.rope.truncate is False

@@ -7,13 +7,13 @@ import sys
 import pytest
 import torch
 from trtllm_dflash.checkpoint.loader import load_target
-from trtllm_dflash.config.model import DrafterConfig
 from trtllm_dflash.engine.generator import Generator
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.builtin import DRAFTER, held_out_prompts
 from trtllm_dflash.models.drafter import DFlashDrafter
+from trtllm_dflash.models.registry import parse_drafter_config
 from trtllm_dflash.speculative import DFlashProposer
 
 KEYS = {"output_ids", "acceptance_lengths", "tau", "ttft_s", "tpot_s", "tokens_per_s", "text"}
@@ -57,7 +57,7 @@ def test_fitted_drafter_accepts_far_more_than_an_untrained_one(builtin):
     requests = [Request(tuple(p), 96, ignore_eos=True) for p in held_out_prompts(8)]
     fitted = pipe.generator.generate(requests)
     torch.manual_seed(0)
-    untrained = DFlashDrafter(DrafterConfig.from_dict(DRAFTER, "untrained")).eval()
+    untrained = DFlashDrafter(parse_drafter_config(DRAFTER, "untrained")).eval()
     target = pipe.target.model
     baseline = Generator(target, DFlashProposer(untrained, target)).generate(requests)
     plain = load_pipeline(builtin[0]).generator.generate(requests)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter
-from trtllm_dflash.config.model import TargetConfig
+from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.engine.loader import generate_with_engine
 from trtllm_dflash.engine.request import Request
 
@@ -71,7 +71,7 @@ def test_config_written_by_transformers_builds_and_decodes_exactly(model_type, t
     assert data["model_type"] == model_type
     if model_type.startswith("qwen3_5_moe"):  # the case: the class defines no dense MLP width
         assert "intermediate_size" not in data.get("text_config", data)
-    cfg = TargetConfig.from_dict(data, "config.json")
+    cfg = parse_target_config(data, "config.json")
     assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.vocab_size) == (32, 4, VOCAB)
     drafter = write_drafter(tmp_path / "drafter", seed=2)
     engine = tmp_path / "engine"
@@ -89,7 +89,7 @@ def test_config_written_by_transformers_builds_and_decodes_exactly(model_type, t
     ("gpt_oss", "rms_norm_eps", 1e-5),
 ])
 def test_fields_the_file_omits_take_the_class_default(model_type, field, value):
-    cfg = TargetConfig.from_dict({"model_type": model_type, "num_hidden_layers": 2}, "config.json")
+    cfg = parse_target_config({"model_type": model_type, "num_hidden_layers": 2}, "config.json")
     assert getattr(cfg, field) == value
 
 
@@ -104,4 +104,4 @@ def test_a_value_the_class_refuses_is_one_line_naming_it(data, message):
     from trtllm_dflash.utils.errors import DFlashError
 
     with pytest.raises(DFlashError, match=message):
-        TargetConfig.from_dict(data, "config.json")
+        parse_target_config(data, "config.json")

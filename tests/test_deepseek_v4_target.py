@@ -25,12 +25,12 @@ from tiny_models import (
     write_drafter,
 )
 from trtllm_dflash.checkpoint.loader import load_target
-from trtllm_dflash.config.model import TargetConfig
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.models.attention import ForwardContext
+from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.utils.errors import DFlashError
 
 PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
@@ -58,7 +58,7 @@ def drafter(tmp_path_factory):
 
 def test_config_reads_what_transformers_builds(dsv4):
     hf, path, expected = dsv4
-    cfg = TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c")
+    cfg = parse_target_config(json.loads((path / "config.json").read_text()), "c")
     ds = cfg.deepseek_v4
     assert ds.layer_types == tuple(hf.config.layer_types) == (HCA, CSA, SLIDING, CSA)
     assert ds.mlp_types == ("hash_moe", "moe", "moe", "moe") and ds.compress_rates == {CSA: 2, HCA: 4}
@@ -78,10 +78,10 @@ def test_config_fields_left_to_transformers_defaults(fields):
     from transformers import AutoConfig
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4RotaryEmbedding
 
-    from trtllm_dflash.models.deepseek_v4_layers import HalfRotary
+    from trtllm_dflash.models.deepseek_v4.layers import HalfRotary
 
     theirs = AutoConfig.for_model("deepseek_v4", **fields)
-    ours = TargetConfig.from_dict({"model_type": "deepseek_v4", **fields}, "c")
+    ours = parse_target_config({"model_type": "deepseek_v4", **fields}, "c")
     ds = ours.deepseek_v4
     assert ds.layer_types == tuple(theirs.layer_types) and ds.mlp_types == tuple(theirs.mlp_layer_types)
     assert ds.rope_dim == theirs.qk_rope_head_dim and ours.sliding_window == theirs.sliding_window
@@ -102,7 +102,7 @@ def test_config_fields_left_to_transformers_defaults(fields):
 ])
 def test_bad_configs_name_the_field(change, message):
     with pytest.raises(DFlashError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        TargetConfig.from_dict({"model_type": "deepseek_v4", **DEEPSEEK_V4, **change}, "c")
+        parse_target_config({"model_type": "deepseek_v4", **DEEPSEEK_V4, **change}, "c")
 
 
 def stream_means(hf, seq: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
@@ -283,7 +283,7 @@ def test_tp2_engine_equals_transformers(dsv4, drafter, tmp_path):
     lengths = (6, N, N)
     results = generate_with_engine(out, [Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)])
     assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
-    cfg = TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c")
+    cfg = parse_target_config(json.loads((path / "config.json").read_text()), "c")
     shards = [load_file(str(out / "target" / f"rank{r}.safetensors")) for r in range(2)]
     assert shards[0]["model.layers.1.mlp.experts.w2"].shape == (4, 8, 32)  # half of each expert's 16
     assert shards[0]["model.layers.1.self_attn.compressor.gate_proj.weight"].shape == (32, 32)  # replicated

@@ -23,6 +23,7 @@ from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.models.attention import ForwardContext
+from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.utils.errors import DFlashError
 
 PROMPTS = [list(range(3, 21)), [7, 50, 2, 9], list(range(60, 85))]
@@ -59,7 +60,7 @@ def drafter(tmp_path_factory, drafter_cfg):
 
 
 def config_of(path) -> TargetConfig:
-    return TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c")
+    return parse_target_config(json.loads((path / "config.json").read_text()), "c")
 
 
 def test_config_reads_what_transformers_builds(gemma):
@@ -100,10 +101,10 @@ def test_config_fields_left_to_transformers_defaults(fields):
     from transformers import AutoConfig
     from transformers.models.gemma4.modeling_gemma4 import Gemma4TextRotaryEmbedding
 
-    from trtllm_dflash.models.gemma4_layers import LayerTypeRotary
+    from trtllm_dflash.models.gemma4.layers import LayerTypeRotary
 
     text = AutoConfig.for_model("gemma4_text", **fields)
-    cfg = TargetConfig.from_dict({"model_type": "gemma4_text", **fields}, "c")
+    cfg = parse_target_config({"model_type": "gemma4_text", **fields}, "c")
     layers = text.num_hidden_layers
     assert cfg.layer_types == tuple(text.layer_types) and cfg.sliding_window == text.sliding_window
     assert [cfg.kv_heads_and_dim(i) for i in range(layers)] == [
@@ -127,7 +128,7 @@ def test_config_fields_left_to_transformers_defaults(fields):
 ])
 def test_bad_configs_name_the_field(change, message):
     with pytest.raises(DFlashError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        TargetConfig.from_dict({"model_type": "gemma4_text", **GEMMA4_TEXT, **change}, "c")
+        parse_target_config({"model_type": "gemma4_text", **GEMMA4_TEXT, **change}, "c")
 
 
 def test_logits_and_hidden_states_after_rollback(gemma):

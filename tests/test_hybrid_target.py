@@ -10,7 +10,6 @@ from host_traffic import host_traffic_of_steps
 from safetensors.torch import load_file
 from tiny_models import MOE_FIELDS, VOCAB, add_tokenizer, hf_generate, make_hf_hybrid, write_drafter
 from trtllm_dflash.checkpoint.loader import load_target
-from trtllm_dflash.config.model import TargetConfig
 from trtllm_dflash.engine.generator import Generator
 from trtllm_dflash.engine.loader import generate_with_engine
 from trtllm_dflash.engine.pipeline import load_pipeline
@@ -21,6 +20,7 @@ from trtllm_dflash.builder.spec import BuildSpec
 from trtllm_dflash.compilation.step_mode import StepMode, StepShapes
 from trtllm_dflash.draft_length.policy import DraftLenPolicy
 from trtllm_dflash.models.attention import ForwardContext
+from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.speculative.base import Proposer
 from trtllm_dflash.utils.errors import DFlashError
 
@@ -59,7 +59,7 @@ def run(model, cache, ids, starts, slots, commit, capture=()):
 def test_both_layouts_parse_to_one_language_model(hybrid):
     _, path, _ = hybrid
     data = json.loads((path / "config.json").read_text())
-    cfg = TargetConfig.from_dict(data, "c")
+    cfg = parse_target_config(data, "c")
     assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",)
     assert cfg.rotary_dim == 4 and cfg.attn_output_gate and cfg.unit_offset_norms
     lin = cfg.linear_attention
@@ -79,9 +79,9 @@ def test_bad_hybrid_configs_name_the_field(mutate, message):
     text = hybrid_text_config(layer_types=["linear_attention"] * 3 + ["full_attention"])
     mutate(text)
     with pytest.raises(DFlashError, match=message):
-        TargetConfig.from_dict({"model_type": "qwen3_5_text", **text}, "cfg")
+        parse_target_config({"model_type": "qwen3_5_text", **text}, "cfg")
     with pytest.raises(DFlashError, match="needs a 'text_config' object"):
-        TargetConfig.from_dict({"model_type": "qwen3_5"}, "cfg")
+        parse_target_config({"model_type": "qwen3_5"}, "cfg")
 
 
 def test_logits_and_hidden_states_match_transformers(hybrid):
@@ -275,7 +275,7 @@ def test_tp2_engine_from_the_multimodal_checkpoint_is_exact(hybrid, tmp_path):
 
     hf, path, expected = hybrid
     tp_engines_give(path, expected, tmp_path)
-    cfg = TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c")
+    cfg = parse_target_config(json.loads((path / "config.json").read_text()), "c")
     shards = [load_file(str(tmp_path / "tp2" / "target" / f"rank{r}.safetensors")) for r in range(2)]
     assert shards[0]["model.layers.0.linear_attn.in_proj_qkv.weight"].shape[0] == 32  # half of q|k|v
     full = unshard_state(shards, cfg, cfg.vocab_size)
@@ -328,7 +328,7 @@ def test_qwen3_next(tmp_path, fields):
     """Qwen3-Next: the same layers behind fused in_proj_qkvz / in_proj_ba (regrouped at load) and plain
     RoPE; dense, or experts with a gated shared expert in every layer but mlp_only_layers (here layer 1)."""
     hf = qwen3_next(tmp_path / "next", **fields)
-    cfg = TargetConfig.from_dict(json.loads((tmp_path / "next" / "config.json").read_text()), "c")
+    cfg = parse_target_config(json.loads((tmp_path / "next" / "config.json").read_text()), "c")
     assert (cfg.moe is None) if not fields.get("num_experts") else cfg.moe.layers == (0, 2, 3)
     target = load_target(tmp_path / "next").model
     ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(3))
@@ -354,7 +354,7 @@ def hybrid_moe(request, tmp_path_factory):
 def test_moe_config_is_transformers(hybrid_moe):
     """Experts in every layer, routing renormalised (Qwen3_5MoeTopKRouter always does), a gated shared expert."""
     hf, path, _ = hybrid_moe
-    cfg = TargetConfig.from_dict(json.loads((path / "config.json").read_text()), "c").moe
+    cfg = parse_target_config(json.loads((path / "config.json").read_text()), "c").moe
     assert (cfg.num_experts, cfg.top_k, cfg.intermediate_size, cfg.shared_expert_intermediate_size) == (4, 2, 16, 24)
     assert cfg.norm_topk_prob and cfg.shared_expert_gate and cfg.layers == (0, 1, 2, 3)
 

@@ -12,6 +12,7 @@ from trtllm_dflash.config.moe import MoeConfig
 
 from trtllm_dflash.models import moe as moe_module
 from trtllm_dflash.models.moe import MoE
+from trtllm_dflash.models.registry import parse_target_config
 from trtllm_dflash.utils.errors import DFlashError
 
 ATOL = 1e-5
@@ -26,7 +27,7 @@ def our_block(cfg: MoeConfig, hidden: int, tensors: dict, prefix: str) -> MoE:
 
 def block_pair(tmp_path, kind: str, layer: int = 0, **overrides):
     hf = make_hf_target(tmp_path / kind, kind, seed=4, **overrides)
-    cfg = TargetConfig.from_dict(read_config_json(tmp_path / kind), kind)
+    cfg = parse_target_config(read_config_json(tmp_path / kind), kind)
     tensors = target_tensors(cfg, load_tensors(tmp_path / kind))
     return hf.model.layers[layer].mlp, our_block(cfg.moe, cfg.hidden_size, tensors, f"model.layers.{layer}.mlp.")
 
@@ -101,7 +102,7 @@ def _dense_fields():
 
 def test_sparse_step_and_mlp_only_layers(tmp_path):
     make_hf_target(tmp_path / "q", "qwen3_moe", decoder_sparse_step=2, mlp_only_layers=[3])
-    cfg = TargetConfig.from_dict(read_config_json(tmp_path / "q"), "q")
+    cfg = parse_target_config(read_config_json(tmp_path / "q"), "q")
     assert cfg.moe.layers == (1,)  # layers 1 and 3 are sparse by step; 3 is listed dense
     names = set(target_tensors(cfg, load_tensors(tmp_path / "q")))
     assert "model.layers.1.mlp.experts.w13" in names and "model.layers.3.mlp.gate_proj.weight" in names
@@ -109,7 +110,7 @@ def test_sparse_step_and_mlp_only_layers(tmp_path):
 
 def test_missing_expert_is_one_clear_line(tmp_path):
     make_hf_target(tmp_path / "q", "qwen3_moe")
-    cfg = TargetConfig.from_dict(read_config_json(tmp_path / "q"), "q")
+    cfg = parse_target_config(read_config_json(tmp_path / "q"), "q")
     tensors = load_tensors(tmp_path / "q")
     del tensors["model.layers.2.mlp.experts.5.up_proj.weight"]
     with pytest.raises(DFlashError, match=r"weight 'model.layers.2.mlp.experts.5.up_proj.weight' missing"):
@@ -125,14 +126,14 @@ def test_bad_moe_configs(tmp_path, change, needle):
     make_hf_target(tmp_path / "q", "qwen3_moe")
     data = {**json.loads((tmp_path / "q" / "config.json").read_text()), **change}
     with pytest.raises(DFlashError, match=needle.replace("(", r"\(").replace("[", r"\[")):
-        TargetConfig.from_dict(data, "q")
+        parse_target_config(data, "q")
 
 
 def test_pre_quantized_checkpoints_other_than_mxfp4_are_refused(tmp_path):
     make_hf_target(tmp_path / "q", "qwen3_moe")
     data = json.loads((tmp_path / "q" / "config.json").read_text())
-    cfg = TargetConfig.from_dict({**data, "quantization_config": {"quant_method": "fp8"}}, "q")
+    cfg = parse_target_config({**data, "quantization_config": {"quant_method": "fp8"}}, "q")
     with pytest.raises(DFlashError, match="quantized with 'fp8' \\(serve it with --backend trtllm\\)"):
         target_tensors(cfg, load_tensors(tmp_path / "q"), tmp_path / "q")
     with pytest.raises(DFlashError, match="field 'quantization_config' must be an object"):
-        TargetConfig.from_dict({**data, "quantization_config": "fp8"}, "q")
+        parse_target_config({**data, "quantization_config": "fp8"}, "q")

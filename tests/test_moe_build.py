@@ -9,7 +9,8 @@ from tiny_models import add_tokenizer, make_hf_target, write_drafter
 from trtllm_dflash.checkpoint.hf import load_tensors
 from trtllm_dflash.checkpoint.layout import target_tensors
 from trtllm_dflash.checkpoint.sharding import shard_state, unshard_state
-from trtllm_dflash.config.model import TargetConfig, read_config_json
+from trtllm_dflash.config.model import read_config_json
+from trtllm_dflash.models.registry import parse_target_config
 
 from trtllm_dflash.builder.trtllm.quantize import check_routers_excluded
 from trtllm_dflash.cli.build import main as build_main
@@ -30,7 +31,7 @@ def moe_pairs(tmp_path_factory):
 @pytest.mark.parametrize("kind", ["gpt_oss", "qwen3_moe"])
 def test_expert_shards_reassemble(moe_pairs, kind):
     targets, _ = moe_pairs
-    cfg = TargetConfig.from_dict(read_config_json(targets[kind]), kind)
+    cfg = parse_target_config(read_config_json(targets[kind]), kind)
     state = target_tensors(cfg, load_tensors(targets[kind]))
     shards = [shard_state(state, cfg, r, 2) for r in range(2)]
     w13 = "model.layers.0.mlp.experts.w13"

@@ -107,12 +107,12 @@ TARGET_KV = 36 * 2 * 8 * 128 * 2                    # bytes per token of the tar
 
 
 def qwen3_8b_inputs(max_seq_len=8192, **kw):
-    from trtllm_dflash.config.model import DrafterConfig
+    from trtllm_dflash.models.registry import parse_drafter_config
 
     from trtllm_dflash.builder.trtllm.targets import TrtllmTarget
 
     target = TrtllmTarget.from_dict(QWEN3_8B, "Qwen3-8B")
-    drafter = DrafterConfig.from_dict(QWEN3_8B_DRAFTER, "Qwen3-8B-DFlash-b16")
+    drafter = parse_drafter_config(QWEN3_8B_DRAFTER, "Qwen3-8B-DFlash-b16")
     # parameters by hand: per target layer q,o 4096x4096, k,v 4096x1024, q/k norms 128, MLP 3x4096x12288, 2 norms;
     # embeddings and (untied) lm_head 151936x4096, final norm. Drafter: 5 such layers, fc 20480->4096, 2 norms.
     layer = 2 * 4096 * 4096 + 2 * 4096 * 1024 + 2 * 128 + 3 * 4096 * 12288 + 2 * 4096

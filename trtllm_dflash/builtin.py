@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from .config.model import DrafterConfig, TargetConfig
 from .models.drafter import DFlashDrafter
+from .models.registry import parse_drafter_config, parse_target_config
 from .models.target import TargetModel
 from .train.distill import fit_drafter, target_continuations
 from .utils.user_cache import user_cache_home
@@ -67,7 +67,7 @@ def make_pair(root: Path, seed: int, fit_steps: int) -> None:
     save_model(target, TARGET, root / "target")
     save_tokenizer(root / "target")
     (root / "target" / "generation_config.json").write_text(json.dumps({"eos_token_id": 256}))
-    drafter = DFlashDrafter(DrafterConfig.from_dict(DRAFTER, "builtin drafter"))
+    drafter = DFlashDrafter(parse_drafter_config(DRAFTER, "builtin drafter"))
     sequences = target_continuations(target, training_prompts(seed), 112)
     fit_drafter(target, drafter, sequences, min_anchor=4, steps=fit_steps, seed=seed)
     save_model(drafter, DRAFTER, root / "drafter")
@@ -85,7 +85,7 @@ def held_out_prompts(count: int = 8) -> list[list[int]]:
 
 
 def random_target(seed: int) -> TargetModel:
-    target = TargetModel(TargetConfig.from_dict(TARGET, "builtin target"))
+    target = TargetModel(parse_target_config(TARGET, "builtin target"))
     torch.manual_seed(seed)  # after construction: the weights depend on the seed alone
     with torch.no_grad():
         for p in target.parameters():

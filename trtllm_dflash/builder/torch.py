@@ -23,6 +23,7 @@ from ..config.model import DrafterConfig, TargetConfig, read_config_json
 from ..config.pairing import validate_pair
 from ..distributed.parallel import Parallel, check_divisible, check_divisible_experts, check_linear_heads
 from ..models.drafter import DFlashDrafter
+from ..models.registry import parse_drafter_config, parse_target_config
 from ..models.target import build_target
 from ..utils.errors import DFlashError
 from .backend import Backend
@@ -66,7 +67,7 @@ class TorchBackend(Backend):
             raise DFlashError(f"build spec: '{changed[0]}' is only used with backend 'trtllm'")
 
     def read_target(self, data: dict, source: str) -> TargetConfig:
-        return TargetConfig.from_dict(data, source)
+        return parse_target_config(data, source)
 
     def default_max_seq_len(self, target: TargetConfig, drafter: DrafterConfig) -> int:
         return target.max_position_embeddings
@@ -110,8 +111,8 @@ def check_weights_per_rank(engine_dir: Path, manifest: Manifest) -> list[str]:
 
 
 def read_configs(target_dir: Path, drafter_dir: Path) -> tuple[TargetConfig, DrafterConfig]:
-    target = TargetConfig.from_dict(read_config_json(target_dir), str(target_dir / "config.json"))
-    drafter = DrafterConfig.from_dict(read_config_json(drafter_dir), str(drafter_dir / "config.json"))
+    target = parse_target_config(read_config_json(target_dir), str(target_dir / "config.json"))
+    drafter = parse_drafter_config(read_config_json(drafter_dir), str(drafter_dir / "config.json"))
     validate_pair(target, drafter)
     return target, drafter
 

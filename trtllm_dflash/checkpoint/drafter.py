@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..config.model import DrafterConfig, read_config_json
+from ..models.registry import parse_drafter_config
 from ..utils.errors import DFlashError
 from ..utils.output_dir import building, check_output, publish
 from .hf import load_tensors, resolve_model_dir
@@ -60,7 +61,7 @@ def read_drafter(model_dir: Path) -> DrafterCheckpoint:
     source = str(model_dir / "config.json")
     fmt = "speculators" if is_speculators(raw) else "zlab"
     layout = to_zlab(raw, source) if fmt == "speculators" else raw
-    return DrafterCheckpoint(model_dir, fmt, layout, DrafterConfig.from_dict(layout, source))
+    return DrafterCheckpoint(model_dir, fmt, layout, parse_drafter_config(layout, source))
 
 
 def config_json(layout: dict, config: DrafterConfig, fmt: str, verifier: Verifier | None = None) -> dict:

@@ -1,5 +1,6 @@
 """Published checkpoint layouts -> the tensors `TargetModel` holds.
 
+A family's registry entry names its layout (models/registry.py `checkpoint`, a key of `LAYOUTS`).
 Hybrid (Qwen3.5 / Qwen3-Next) checkpoints: see `LANGUAGE_MODEL` and `unfuse_qkvz` below. MoE experts
 (names in models/moe.py):
 
@@ -23,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from ..config.model import HYBRID_TARGETS, TargetConfig
+from ..config.model import TargetConfig
+from ..models.deepseek_v4.checkpoint import deepseek_v4_tensors
+from ..models.registry import family_of
 from ..utils.errors import DFlashError
-from .deepseek_v4 import deepseek_v4_tensors
 from .mxfp4 import dequantize
 
 PER_EXPERT = re.compile(r"^(?P<prefix>.+\.mlp\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
@@ -48,24 +50,29 @@ def tied_weights(cfg) -> set[str]:
 
 def target_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor], source: Path | str = "checkpoint"
                    ) -> dict[str, torch.Tensor]:
-    """A checkpoint's tensors under the target model's names: tied LM head dropped, a multimodal
-    checkpoint's language model taken alone, Qwen3-Next's fused projections in Qwen3.5's layout, MoE
-    experts stacked (and MXFP4 ones dequantised)."""
+    """A checkpoint's tensors under the target model's names, as its family's layout maps them; tied LM
+    head dropped."""
     if cfg.quant_method not in RUNTIME_QUANT_METHODS and not (cfg.deepseek_v4 and cfg.quant_method == "fp8"):
         raise DFlashError(f"{source}: the torch runtime loads unquantized or MXFP4 checkpoints, this one is quantized "
                           f"with {cfg.quant_method!r} (serve it with --backend trtllm)")
-    if cfg.model_type in HYBRID_TARGETS:
-        tensors = language_model(tensors, NOT_THE_LANGUAGE_MODEL)
-    if cfg.gemma4 is not None:
-        tensors = gemma4_tensors(cfg, language_model(tensors, GEMMA4_NOT_THE_LANGUAGE_MODEL))
-    if cfg.linear_attention is not None and cfg.linear_attention.fused_qkvz:
-        tensors = unfuse_qkvz(cfg, tensors)
-    if cfg.deepseek_v4 is not None:
-        tensors = deepseek_v4_tensors(cfg, tensors, cfg.deepseek_v4.fp8_block)
-    elif cfg.moe is not None:
-        tensors = moe_tensors(cfg, tensors)
+    family = family_of(cfg.model_type)
+    tensors = LAYOUTS[family.checkpoint if family is not None else "hf"](cfg, tensors)
     skip = tied_weights(cfg)
     return {k: v for k, v in tensors.items() if k not in skip}
+
+
+def hf_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Hugging Face names as the model's; MoE experts stacked (and MXFP4 ones dequantised)."""
+    return moe_tensors(cfg, tensors) if cfg.moe is not None else tensors
+
+
+def qwen3_5_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Hybrid checkpoints: the multimodal one's language model taken alone, Qwen3-Next's fused projections
+    in Qwen3.5's layout."""
+    tensors = language_model(tensors, NOT_THE_LANGUAGE_MODEL)
+    if cfg.linear_attention is not None and cfg.linear_attention.fused_qkvz:
+        tensors = unfuse_qkvz(cfg, tensors)
+    return hf_tensors(cfg, tensors)
 
 
 def language_model(tensors: dict[str, torch.Tensor], others: tuple[str, ...]) -> dict[str, torch.Tensor]:
@@ -75,10 +82,12 @@ def language_model(tensors: dict[str, torch.Tensor], others: tuple[str, ...]) ->
 
 
 def gemma4_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Gemma 4: layers that share another's K/V have no K/V weights of their own (a checkpoint's are dropped, as
-    transformers 5.24 ignores them: Gemma4TextModel._keys_to_ignore_on_load_unexpected); experts stored as
-    transformers holds them (`experts.gate_up_proj` [E, 2I, H], gate rows first; `experts.down_proj` [E, H, I])
-    become `experts.w13` / `w2` (models/moe.py)."""
+    """Gemma 4: the multimodal checkpoint's language model taken alone; layers that share another's K/V have no
+    K/V weights of their own (a checkpoint's are dropped, as transformers 5.24 ignores them:
+    Gemma4TextModel._keys_to_ignore_on_load_unexpected); experts stored as transformers holds them
+    (`experts.gate_up_proj` [E, 2I, H], gate rows first; `experts.down_proj` [E, H, I]) become `experts.w13` / `w2`
+    (models/moe.py)."""
+    tensors = language_model(tensors, GEMMA4_NOT_THE_LANGUAGE_MODEL)
     layers = cfg.num_hidden_layers
     unused = tuple(f"model.layers.{i}.self_attn.{p}." for i in range(layers) if cfg.gemma4.shares_kv(i, layers)
                    for p in ("k_proj", "v_proj", "k_norm", "v_norm"))
@@ -88,7 +97,7 @@ def gemma4_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[
             name, t = _expert_tensor(name, t, interleaved=False)
         if not name.startswith(unused):
             out[name] = t
-    return out
+    return hf_tensors(cfg, out)
 
 
 def moe_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -162,6 +171,10 @@ def dequantize_mxfp4(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
         elif base + "_blocks" not in tensors:
             raise DFlashError(f"MXFP4 scales '{name}' have no '{base}_blocks' beside them")
     return out
+
+
+LAYOUTS = {"hf": hf_tensors, "qwen3_5": qwen3_5_tensors, "gemma4": gemma4_tensors,
+           "deepseek_v4": lambda cfg, tensors: deepseek_v4_tensors(cfg, tensors, cfg.deepseek_v4.fp8_block)}
 
 
 def _stack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:

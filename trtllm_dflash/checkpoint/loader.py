@@ -11,6 +11,7 @@ from torch import nn
 from ..config.model import DrafterConfig, TargetConfig, read_config_json
 from ..distributed.parallel import SINGLE, Parallel
 from ..models.drafter import DFlashDrafter
+from ..models.registry import parse_target_config
 from ..models.target import TargetModel, build_target
 from ..utils.errors import DFlashError
 from .drafter import read_drafter
@@ -44,7 +45,7 @@ def parse_dtype(name: str) -> torch.dtype:
 
 def load_target(name: str | Path, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedTarget:
     path = resolve_model_dir(name)
-    cfg = TargetConfig.from_dict(read_config_json(path), str(path / "config.json"))
+    cfg = parse_target_config(read_config_json(path), str(path / "config.json"))
     model = target_from_tensors(cfg, load_tensors(path), path, SINGLE, dtype, device)
     tokenizer = load_tokenizer(path)
     return LoadedTarget(model, cfg, path, tokenizer, stop_token_ids(path, cfg.eos_token_ids, tokenizer))

@@ -1,7 +1,9 @@
 """Validated model configs parsed from Hugging Face `config.json` files.
 
 One dataclass per model kind, built once by `from_dict` and passed whole. Validation lives
-here so that every error names the file and the field.
+here so that every error names the file and the field. `from_dict` reads a config as its family's
+registry entry says (config/family.py Family); models/registry.py looks the entry up by model_type
+(`parse_target_config`, `parse_drafter_config`: the entry points).
 """
 
 from __future__ import annotations
@@ -12,23 +14,13 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.errors import DFlashError
-from .deepseek_v4 import DeepseekV4Config, deepseek_v4_config
-from .families import DRAFTER_DEFAULT_FAMILY, FAMILIES, attention_layout, read_as_transformers, with_defaults
-from .gemma4 import Gemma4Config, gemma4_config
-from .moe import MoeConfig, moe_config
+from .family import Family, attention_layout, read_as_transformers, with_defaults
+from .fields import Fields, token_ids
+from .moe import MoeConfig
+from .rope import RopeConfig, rope_params
 
-# Hybrid families: Gated DeltaNet layers beside gated full attention (transformers 5.23,
-# models/qwen3_next/modeling_qwen3_next.py and models/qwen3_5/modular_qwen3_5.py).
-HYBRID_TARGETS = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_next")
-# Published multimodal checkpoints nest the language model's fields under `text_config`.
-MULTIMODAL_TARGETS = ("qwen3_5", "qwen3_5_moe", "gemma4")
-GEMMA4_TARGETS = ("gemma4", "gemma4_text")
 LAYER_KINDS = ("full_attention", "linear_attention")
-# Config classes without a dense MLP width: experts in every layer (Qwen3_5MoeTextConfig has no intermediate_size).
-DENSE_MLP_OPTIONAL = ("qwen3_5_moe", "qwen3_5_moe_text")
-SUPPORTED_TARGETS = {name: family.architecture for name, family in FAMILIES.items()}
 DRAFTER_ARCHITECTURE = "DFlashDraftModel"
-ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 def read_config_json(model_dir: Path) -> dict[str, Any]:
@@ -42,77 +34,6 @@ def read_config_json(model_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise DFlashError(f"{path} must hold a JSON object, got {type(data).__name__}")
     return data
-
-
-class _Fields:
-    """Reads typed fields from a config dict; errors name the source and the key."""
-
-    def __init__(self, data: dict[str, Any], source: str):
-        self.data, self.source = data, source
-
-    def get(self, key: str, kind: type, default: Any = ..., positive: bool = False) -> Any:
-        value = self.data.get(key, default)
-        if value is ...:
-            raise DFlashError(f"{self.source}: missing required field '{key}'")
-        if value is None and default is None:
-            return None
-        ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value, ok = float(value), True
-        if not ok:
-            raise DFlashError(f"{self.source}: field '{key}' must be {kind.__name__}, got {value!r}")
-        if positive and value <= 0:
-            raise DFlashError(f"{self.source}: field '{key}' must be positive, got {value!r}")
-        return value
-
-
-@dataclass(frozen=True)
-class RopeConfig:
-    theta: float = 10000.0
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0  # llama3
-    high_freq_factor: float = 4.0  # llama3
-    original_max_position_embeddings: int = 8192  # llama3, yarn
-    beta_fast: float = 32.0  # yarn: rotations bounding the extrapolated band
-    beta_slow: float = 1.0  # yarn: rotations bounding the interpolated band
-    truncate: bool = True  # yarn: round the band's bounds to whole dimensions (gpt-oss: false)
-    attention_factor: float | None = None  # yarn: cos/sin scale; None = 0.1 * ln(factor) + 1 (or from mscale)
-    mscale: float | None = None
-    mscale_all_dim: float | None = None
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str) -> RopeConfig:
-        # transformers >= 5 writes `rope_parameters`; published checkpoints use
-        # `rope_theta` + `rope_scaling`. Both are read (modeling_rope_utils.py, transformers 5.23).
-        params = dict(data.get("rope_scaling") or {})
-        params.update(data.get("rope_parameters") or {})
-        theta = params.get("rope_theta", data.get("rope_theta", 10000.0))
-        rope_type = params.get("rope_type", params.get("type", "default"))
-        if rope_type not in ROPE_TYPES:
-            raise DFlashError(f"{source}: unsupported rope_type {rope_type!r} (supported: {', '.join(ROPE_TYPES)})")
-        # A top-level original_max_position_embeddings wins, else max_position_embeddings (standardize_rope_params).
-        original = data.get("original_max_position_embeddings",
-                            params.get("original_max_position_embeddings", data.get("max_position_embeddings", 8192)))
-        f = _Fields({**params, "rope_theta": theta, "original_max_position_embeddings": original}, source)
-        original = f.get("original_max_position_embeddings", int, positive=True)
-        factor = params.get("factor")
-        if rope_type == "yarn" and factor is None:  # _compute_yarn_parameters: the context extension ratio
-            factor = data.get("max_position_embeddings", original) / original
-        return cls(
-            theta=f.get("rope_theta", float, positive=True),
-            rope_type=rope_type,
-            factor=_Fields({"factor": 1.0 if factor is None else factor}, source).get("factor", float, positive=True),
-            low_freq_factor=f.get("low_freq_factor", float, 1.0, positive=True),
-            high_freq_factor=f.get("high_freq_factor", float, 4.0, positive=True),
-            original_max_position_embeddings=original,
-            beta_fast=float(params.get("beta_fast") or 32.0),
-            beta_slow=float(params.get("beta_slow") or 1.0),
-            truncate=f.get("truncate", bool, True),
-            attention_factor=f.get("attention_factor", float, None),
-            mscale=f.get("mscale", float, None),
-            mscale_all_dim=f.get("mscale_all_dim", float, None),
-        )
 
 
 @dataclass(frozen=True)
@@ -144,10 +65,10 @@ class DecoderConfig:
         return self.num_key_value_heads, self.head_dim
 
     @staticmethod
-    def fields_from(data: dict[str, Any], source: str, qk_norm: bool, model_type: str,
+    def fields_from(data: dict[str, Any], source: str, family: Family, model_type: str, qk_norm: bool,
                     drafter: bool = False, partial_rotary: bool = False) -> dict[str, Any]:
-        f = _Fields(data, source)
-        rope = {**data, **(data.get("rope_scaling") or {}), **(data.get("rope_parameters") or {})}
+        f = Fields(data, source)
+        rope = rope_params(data, top_level=True)
         if not partial_rotary and rope.get("partial_rotary_factor", 1.0) != 1.0:
             raise DFlashError(f"{source}: unsupported partial_rotary_factor {rope['partial_rotary_factor']!r} (only 1.0)")
         heads = f.get("num_attention_heads", int, positive=True)
@@ -162,11 +83,11 @@ class DecoderConfig:
         if act != "silu":
             raise DFlashError(f"{source}: unsupported hidden_act {act!r} (only 'silu')")
         layers = f.get("num_hidden_layers", int, positive=True)
-        layer_types, window = attention_layout(model_type, data, layers, source, drafter)
+        layer_types, window = attention_layout(family, model_type, data, layers, source, drafter)
         return dict(
             vocab_size=f.get("vocab_size", int, positive=True),
             hidden_size=hidden,
-            intermediate_size=f.get("intermediate_size", int, None if model_type in DENSE_MLP_OPTIONAL else ...,
+            intermediate_size=f.get("intermediate_size", int, None if family.dense_mlp_optional else ...,
                                     positive=True),
             num_hidden_layers=layers,
             num_attention_heads=heads,
@@ -208,7 +129,7 @@ class GatedDeltaNetConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str, fused_qkvz: bool) -> GatedDeltaNetConfig:
-        f = _Fields(data, source)
+        f = Fields(data, source)
         cfg = cls(num_k_heads=f.get("linear_num_key_heads", int, positive=True),
                   num_v_heads=f.get("linear_num_value_heads", int, positive=True),
                   head_k_dim=f.get("linear_key_head_dim", int, positive=True),
@@ -233,8 +154,11 @@ class TargetConfig(DecoderConfig):
     norm_weight_fp32: bool = False  # RMSNorm applies its weight before the cast back (gpt-oss)
     moe: MoeConfig | None = None  # experts in the layers moe.layers; None: a dense model
     quant_method: str | None = None  # quantization_config.quant_method of a pre-quantized checkpoint
-    gemma4: Gemma4Config | None = None  # Gemma 4's own fields (gemma4_config.py); None: another family
-    deepseek_v4: DeepseekV4Config | None = None  # DeepSeek-V4's own fields (deepseek_v4_config.py)
+    # A family's own fields, filled by its entry's `own` hook (None: another family). Typed in their folders,
+    # which config/ does not import: models/gemma4/config.py Gemma4Config, models/deepseek_v4/config.py
+    # DeepseekV4Config.
+    gemma4: Any = None
+    deepseek_v4: Any = None
 
     @property
     def rotary_dim(self) -> int:
@@ -254,43 +178,30 @@ class TargetConfig(DecoderConfig):
         return shape.num_kv_heads, shape.head_dim
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str) -> TargetConfig:
-        model_type = data.get("model_type")
-        archs = data.get("architectures") or []
-        if DRAFTER_ARCHITECTURE in archs:
-            raise DFlashError(f"{source}: this is a DFlash drafter ({DRAFTER_ARCHITECTURE}), not a target model")
-        if model_type not in SUPPORTED_TARGETS:
-            raise DFlashError(
-                f"{source}: unknown architecture model_type={model_type!r} architectures={archs} "
-                f"(supported targets: {', '.join(SUPPORTED_TARGETS)})"
-            )
-        family = FAMILIES[model_type]
-        if model_type in MULTIMODAL_TARGETS:
+    def from_dict(cls, data: dict[str, Any], source: str, family: Family) -> TargetConfig:
+        """data: a target's config.json of `family` (models/registry.py parse_target_config checks the model_type)."""
+        model_type = data["model_type"]
+        if family.multimodal:
             text_fields(data, source)  # a wrapper without its text_config: refused before the class fills one in
-        read = read_as_transformers(model_type, data)
+        read = read_as_transformers(model_type, data, family)
         outer = data if read is None else read
-        text = text_fields(outer, source) if model_type in MULTIMODAL_TARGETS else outer
+        text = text_fields(outer, source) if family.multimodal else outer
         if read is None:
-            text = with_defaults(model_type, text)
-        if model_type in HYBRID_TARGETS and text.get("use_sliding_window"):
+            text = with_defaults(family, text)
+        if family.hybrid and text.get("use_sliding_window"):
             raise DFlashError(f"{source}: sliding-window {model_type} targets are not supported (use_sliding_window=true)")
-        base = DecoderConfig.fields_from(text, source, qk_norm=family.qk_norm, model_type=model_type,
-                                         partial_rotary=model_type in (*HYBRID_TARGETS, "deepseek_v4"))
-        if model_type in HYBRID_TARGETS:
-            base.update(hybrid_fields(text, source, model_type))
-        return cls(
-            **base,
-            model_type=model_type,
-            tie_word_embeddings=_Fields(outer, source).get("tie_word_embeddings", bool,
-                                                           family.defaults.get("tie_word_embeddings", False)),
-            eos_token_ids=_token_ids(text.get("eos_token_id"), source, "eos_token_id"),
-            attention_sinks=family.attention_sinks,
-            norm_weight_fp32=family.norm_weight_fp32,
-            moe=moe_config(model_type, text, source, base["num_hidden_layers"]),
-            quant_method=_quant_method(text.get("quantization_config"), source),
-            gemma4=gemma4_config(text, base, source) if model_type in GEMMA4_TARGETS else None,
-            deepseek_v4=deepseek_v4_config(text, base, source) if model_type == "deepseek_v4" else None,
-        )
+        base = DecoderConfig.fields_from(text, source, family, model_type, qk_norm=family.qk_norm,
+                                         partial_rotary=family.partial_rotary)
+        if family.hybrid:
+            base.update(hybrid_fields(text, source, family.fused_qkvz))
+        tie = Fields(outer, source).get("tie_word_embeddings", bool, family.defaults.get("tie_word_embeddings", False))
+        eos = token_ids(text.get("eos_token_id"), source, "eos_token_id")
+        moe = family.moe(text, source, base["num_hidden_layers"]) if family.moe else None
+        quant = _quant_method(text.get("quantization_config"), source)
+        own = family.own(text, base, source) if family.own else {}
+        return cls(**base, model_type=model_type, tie_word_embeddings=tie, eos_token_ids=eos,
+                   attention_sinks=family.attention_sinks, norm_weight_fp32=family.norm_weight_fp32, moe=moe,
+                   quant_method=quant, **own)
 
     def is_moe_layer(self, layer: int) -> bool:
         return self.moe is not None and layer in self.moe.layers
@@ -304,10 +215,10 @@ def text_fields(data: dict[str, Any], source: str) -> dict[str, Any]:
     return {"eos_token_id": data.get("eos_token_id"), **{k: v for k, v in text.items() if v is not None}}
 
 
-def hybrid_fields(data: dict[str, Any], source: str, model_type: str) -> dict[str, Any]:
+def hybrid_fields(data: dict[str, Any], source: str, fused_qkvz: bool) -> dict[str, Any]:
     """Layer kinds, partial RoPE and the Gated DeltaNet shapes, with transformers' defaults
     (5.23 `Qwen3NextConfig.__post_init__`: partial_rotary_factor 0.25, every 4th layer full attention)."""
-    f = _Fields(data, source)
+    f = Fields(data, source)
     layers = f.get("num_hidden_layers", int, positive=True)
     kinds = data.get("layer_types")
     if kinds is None:
@@ -315,15 +226,14 @@ def hybrid_fields(data: dict[str, Any], source: str, model_type: str) -> dict[st
         kinds = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
     if not isinstance(kinds, list) or len(kinds) != layers or not set(kinds) <= set(LAYER_KINDS):
         raise DFlashError(f"{source}: field 'layer_types' must list {layers} of {'/'.join(LAYER_KINDS)}, got {kinds!r}")
-    rope = {**data, **(data.get("rope_scaling") or {}), **(data.get("rope_parameters") or {})}
-    factor = _Fields(rope, source).get("partial_rotary_factor", float, 0.25, positive=True)
+    factor = Fields(rope_params(data, top_level=True), source).get("partial_rotary_factor", float, 0.25, positive=True)
     if factor > 1:
         raise DFlashError(f"{source}: partial_rotary_factor must be in (0, 1], got {factor}")
     head_dim = f.get("head_dim", int, f.get("hidden_size", int) // f.get("num_attention_heads", int))
     if int(head_dim * factor) % 2:
         raise DFlashError(f"{source}: head_dim {head_dim} x partial_rotary_factor {factor} must be even")
     return dict(layer_types=tuple(kinds), partial_rotary_factor=factor, attn_output_gate=True, unit_offset_norms=True,
-                linear_attention=GatedDeltaNetConfig.from_dict(data, source, fused_qkvz=model_type == "qwen3_next"))
+                linear_attention=GatedDeltaNetConfig.from_dict(data, source, fused_qkvz=fused_qkvz))
 
 
 @dataclass(frozen=True)
@@ -341,7 +251,8 @@ class DrafterConfig(DecoderConfig):
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], source: str) -> DrafterConfig:
+    def from_dict(cls, data: dict[str, Any], source: str, family: Family) -> DrafterConfig:
+        """family: the entry of the drafter's model_type, or Qwen3's (models/registry.py parse_drafter_config)."""
         archs = data.get("architectures") or []
         dflash = data.get("dflash_config")
         if DRAFTER_ARCHITECTURE not in archs and dflash is None:
@@ -351,11 +262,11 @@ class DrafterConfig(DecoderConfig):
         if not isinstance(dflash, dict):
             raise DFlashError(f"{source}: field 'dflash_config' must be an object, got {dflash!r}")
         check_drafter_fields(data, dflash, source)
-        model_type = data.get("model_type", DRAFTER_DEFAULT_FAMILY)
-        data = with_defaults(model_type, data)
-        base = DecoderConfig.fields_from(data, source, qk_norm=True, model_type=model_type, drafter=True)
+        model_type = data.get("model_type")
+        data = with_defaults(family, data)
+        base = DecoderConfig.fields_from(data, source, family, model_type, qk_norm=True, drafter=True)
         # dflash_config values win over top-level ones, as in the reference implementation.
-        f = _Fields({**data, **dflash}, source)
+        f = Fields({**data, **dflash}, source)
         layers = base["num_hidden_layers"]
         num_target_layers = f.get("num_target_layers", int, None)
         ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
@@ -367,7 +278,7 @@ class DrafterConfig(DecoderConfig):
             **base,
             block_size=f.get("block_size", int, 16, positive=True),
             num_target_layers=num_target_layers,
-            target_layer_ids=_token_ids(ids, source, "target_layer_ids", allow_empty=False),
+            target_layer_ids=token_ids(ids, source, "target_layer_ids", allow_empty=False),
             mask_token_id=f.get("mask_token_id", int),
             # vLLM's port spells it dflash_config.causal (qwen3_dflash.py _dflash_layer_causal)
             is_causal=f.get("causal" if "causal" in dflash else "is_causal", bool, None),
@@ -426,15 +337,3 @@ def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> l
     start, end = 1, num_target_layers - 3
     span = end - start
     return [int(round(start + i * span / (num_draft_layers - 1))) for i in range(num_draft_layers)]
-
-
-def _token_ids(value: Any, source: str, key: str, allow_empty: bool = True) -> tuple[int, ...]:
-    if value is None:
-        value = []
-    if isinstance(value, int) and not isinstance(value, bool):
-        value = [value]
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise DFlashError(f"{source}: field '{key}' must be an int or a list of ints, got {value!r}")
-    if not value and not allow_empty:
-        raise DFlashError(f"{source}: field '{key}' must not be empty")
-    return tuple(value)

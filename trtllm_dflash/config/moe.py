@@ -3,7 +3,8 @@
 One `MoeConfig` describes every MoE block of a model: how tokens are routed, what one expert
 computes, and which decoder layers have experts instead of a dense MLP (or beside it: Gemma 4). Field
 names and defaults follow transformers 5.23 (`GptOssConfig`, `Qwen3MoeConfig`, `Qwen3_5MoeTextConfig`,
-`Qwen3NextConfig`) and 5.24 (`Gemma4TextConfig`).
+`Qwen3NextConfig`); a family entry's `moe` hook (models/registry.py) is one of the readers below or its
+folder's own (models/gemma4/config.py, models/deepseek_v4/config.py).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..utils.errors import DFlashError
+from .fields import Fields
 
 ROUTINGS = ("softmax_topk", "topk_softmax")
 ACTIVATIONS = ("silu", "clamped_swiglu", "gelu_tanh", "limited_silu")
@@ -46,44 +48,34 @@ class MoeConfig:
             raise ValueError(f"top_k {self.top_k} must be in 1..num_experts {self.num_experts}")
 
 
-def _int(data: dict[str, Any], source: str, *keys: str, default: Any = ...) -> int:
+def positive_int(data: dict[str, Any], source: str, *keys: str, default: Any = ...) -> int:
     """The first of `keys` present (configs spell some fields two ways), a positive int."""
-    for key in keys:
-        if key in data:
-            value = data[key]
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise DFlashError(f"{source}: field '{key}' must be a positive int, got {value!r}")
-            return value
-    if default is ...:
-        raise DFlashError(f"{source}: missing required field '{keys[0]}'")
-    return default
+    return Fields(data, source).get(keys, int, default, positive=True, expect="a positive int")
 
 
-def _float(data: dict[str, Any], source: str, key: str, default: float) -> float:
-    value = data.get(key, default)
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise DFlashError(f"{source}: field '{key}' must be a number, got {value!r}")
-    return float(value)
+def number(data: dict[str, Any], source: str, key: str, default: Any = ...) -> float:
+    return Fields(data, source).get(key, float, default, expect="a number")
 
 
-def _gpt_oss(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
+def gpt_oss(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
     # GptOssMLP in every layer; intermediate_size is the expert's; router and experts carry biases.
-    experts = _int(data, source, "num_local_experts", "num_experts")
+    experts = positive_int(data, source, "num_local_experts", "num_experts")
     return MoeConfig(
         num_experts=experts,
-        top_k=_top_k(data, source, experts, "num_experts_per_tok", "experts_per_token"),
-        intermediate_size=_int(data, source, "intermediate_size"),
+        top_k=top_k(data, source, experts, "num_experts_per_tok", "experts_per_token"),
+        intermediate_size=positive_int(data, source, "intermediate_size"),
         routing="topk_softmax", router_bias=True, expert_bias=True, activation="clamped_swiglu",
-        swiglu_limit=_float(data, source, "swiglu_limit", 7.0), swiglu_alpha=_float(data, source, "swiglu_alpha", 1.702),
+        swiglu_limit=number(data, source, "swiglu_limit", 7.0),
+        swiglu_alpha=number(data, source, "swiglu_alpha", 1.702),
         layers=tuple(range(layers)),
     )
 
 
-def _qwen3_moe(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
+def qwen3_moe(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
     # Qwen3MoeDecoderLayer: experts unless the layer is in mlp_only_layers or
     # (layer + 1) % decoder_sparse_step != 0; dense layers use intermediate_size.
-    experts = _int(data, source, "num_experts", "num_local_experts")
-    step = _int(data, source, "decoder_sparse_step", default=1)
+    experts = positive_int(data, source, "num_experts", "num_local_experts")
+    step = positive_int(data, source, "decoder_sparse_step", default=1)
     dense = data.get("mlp_only_layers") or []
     if not isinstance(dense, list) or not all(isinstance(i, int) and 0 <= i < layers for i in dense):
         raise DFlashError(f"{source}: field 'mlp_only_layers' must list layer ids in 0..{layers - 1}, got {dense!r}")
@@ -92,29 +84,29 @@ def _qwen3_moe(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
         raise DFlashError(f"{source}: field 'norm_topk_prob' must be bool, got {norm!r}")
     return MoeConfig(
         num_experts=experts,
-        top_k=_top_k(data, source, experts, "num_experts_per_tok"),
-        intermediate_size=_int(data, source, "moe_intermediate_size"),
+        top_k=top_k(data, source, experts, "num_experts_per_tok"),
+        intermediate_size=positive_int(data, source, "moe_intermediate_size"),
         norm_topk_prob=norm,
         layers=tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
     )
 
 
-def _qwen3_5_moe(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
+def qwen3_5_moe(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
     # Qwen3_5MoeDecoderLayer: a Qwen3_5MoeSparseMoeBlock in every layer; its router always renormalises the
     # kept probabilities (Qwen3_5MoeTopKRouter, no flag); a shared expert scaled by sigmoid(shared_expert_gate).
-    experts = _int(data, source, "num_experts", default=256)
+    experts = positive_int(data, source, "num_experts", default=256)
     return MoeConfig(
         num_experts=experts,
-        top_k=_top_k(data, source, experts, "num_experts_per_tok", default=8),
-        intermediate_size=_int(data, source, "moe_intermediate_size", default=512),
+        top_k=top_k(data, source, experts, "num_experts_per_tok", default=8),
+        intermediate_size=positive_int(data, source, "moe_intermediate_size", default=512),
         norm_topk_prob=True,
-        shared_expert_intermediate_size=_int(data, source, "shared_expert_intermediate_size", default=512),
+        shared_expert_intermediate_size=positive_int(data, source, "shared_expert_intermediate_size", default=512),
         shared_expert_gate=True,
         layers=tuple(range(layers)),
     )
 
 
-def _qwen3_next(data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
+def qwen3_next(data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
     # Qwen3NextDecoderLayer: Qwen3-MoE's layer rule (mlp_only_layers, decoder_sparse_step) when num_experts > 0,
     # plus Qwen3NextSparseMoeBlock's gated shared expert; Qwen3NextConfig defaults (num_experts 512, top 10,
     # moe_intermediate_size 512, shared 512, norm_topk_prob true). num_experts 0: the dense variant.
@@ -122,49 +114,15 @@ def _qwen3_next(data: dict[str, Any], source: str, layers: int) -> MoeConfig | N
         return None
     data = {"num_experts": 512, "num_experts_per_tok": 10, "moe_intermediate_size": 512, "norm_topk_prob": True,
             **data}
-    base = _qwen3_moe(data, source, layers)
+    base = qwen3_moe(data, source, layers)
     if not base.layers:
         return None
-    return replace(base, shared_expert_gate=True,
-                   shared_expert_intermediate_size=_int(data, source, "shared_expert_intermediate_size", default=512))
+    shared = positive_int(data, source, "shared_expert_intermediate_size", default=512)
+    return replace(base, shared_expert_gate=True, shared_expert_intermediate_size=shared)
 
 
-def _gemma4(data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
-    # Gemma4TextDecoderLayer (transformers 5.24): with enable_moe_block every layer adds routed experts beside
-    # its dense MLP; Gemma4TextRouter renormalises the top-k probabilities; experts use hidden_activation. The
-    # router's own scales and the block's norms are models/gemma4.py's.
-    if not data.get("enable_moe_block"):
-        return None
-    experts = _int(data, source, "num_experts")
-    return MoeConfig(num_experts=experts, top_k=_top_k(data, source, experts, "top_k_experts"),
-                     intermediate_size=_int(data, source, "moe_intermediate_size"), norm_topk_prob=True,
-                     activation="gelu_tanh", layers=tuple(range(layers)))
-
-
-def _deepseek_v4(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
-    # DeepseekV4SparseMoeBlock (transformers 5.24) in every layer: routed experts and one shared expert of
-    # moe_intermediate_size, both with limited SwiGLU; its routers (hash and score) are models/deepseek_v4_layers.py's.
-    experts = _int(data, source, "n_routed_experts")
-    width = _int(data, source, "moe_intermediate_size")
-    return MoeConfig(num_experts=experts, top_k=_top_k(data, source, experts, "num_experts_per_tok"),
-                     intermediate_size=width, activation="limited_silu",
-                     swiglu_limit=_float(data, source, "swiglu_limit", 10.0), shared_expert_intermediate_size=width,
-                     layers=tuple(range(layers)))
-
-
-def _top_k(data: dict[str, Any], source: str, experts: int, *keys: str, default: Any = ...) -> int:
-    k = _int(data, source, *keys, default=default)
+def top_k(data: dict[str, Any], source: str, experts: int, *keys: str, default: Any = ...) -> int:
+    k = positive_int(data, source, *keys, default=default)
     if k > experts:
         raise DFlashError(f"{source}: field '{keys[0]}' {k} exceeds the number of experts {experts}")
     return k
-
-
-MOE_FAMILIES = {"gpt_oss": _gpt_oss, "qwen3_moe": _qwen3_moe, "qwen3_5_moe": _qwen3_5_moe,
-                "qwen3_5_moe_text": _qwen3_5_moe, "qwen3_next": _qwen3_next, "gemma4": _gemma4,
-                "gemma4_text": _gemma4, "deepseek_v4": _deepseek_v4}
-
-
-def moe_config(model_type: str, data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
-    """The MoE config of a target's config.json, or None for a dense model type."""
-    parse = MOE_FAMILIES.get(model_type)
-    return parse(data, source, layers) if parse else None

@@ -23,9 +23,10 @@ from ..checkpoint.loader import DTYPES, LoadedDrafter, LoadedTarget, drafter_fro
 from ..compilation.graph_store import graph_key, inductor_counts, use_stored_graphs
 from ..compilation.step_mode import StepMode
 from ..config.manifest import Manifest
-from ..config.model import DrafterConfig, TargetConfig, read_config_json
+from ..config.model import read_config_json
 from ..distributed.parallel import Parallel
 from ..distributed.rendezvous import join_local_group
+from ..models.registry import parse_drafter_config, parse_target_config
 from ..speculative import AutoregressiveProposer, DFlashProposer
 from ..utils.errors import DFlashError
 from ..utils.threads import set_threads
@@ -63,8 +64,8 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
     mode = StepMode.resolve(step_mode, device)
     tp, dtype = Parallel(rank, manifest.tp_size), DTYPES[manifest.dtype]
     t_dir, d_dir = engine_dir / "target", engine_dir / "drafter"
-    t_cfg = TargetConfig.from_dict(read_config_json(t_dir), str(t_dir / "config.json"))
-    d_cfg = DrafterConfig.from_dict(read_config_json(d_dir), str(d_dir / "config.json"))
+    t_cfg = parse_target_config(read_config_json(t_dir), str(t_dir / "config.json"))
+    d_cfg = parse_drafter_config(read_config_json(d_dir), str(d_dir / "config.json"))
     shard = f"rank{rank}.safetensors"
     target = target_from_tensors(t_cfg, read_safetensors(t_dir / shard), t_dir / shard, tp, dtype, device)
     tokenizer = load_tokenizer(engine_dir / manifest.tokenizer) if manifest.tokenizer else None
@@ -114,8 +115,8 @@ def kv_pool_lines(engine_dir: Path) -> list[str]:
     tp, dtype = Parallel(0, manifest.tp_size), DTYPES[manifest.dtype]
     t_dir, d_dir = engine_dir / "target", engine_dir / "drafter"
     with torch.device("meta"):
-        target = build_target(TargetConfig.from_dict(read_config_json(t_dir), str(t_dir / "config.json")), tp)
-        drafter = DFlashDrafter(DrafterConfig.from_dict(read_config_json(d_dir), str(d_dir / "config.json")), tp)
+        target = build_target(parse_target_config(read_config_json(t_dir), str(t_dir / "config.json")), tp)
+        drafter = DFlashDrafter(parse_drafter_config(read_config_json(d_dir), str(d_dir / "config.json")), tp)
     generator = Generator(target.to(dtype), DFlashProposer(drafter.to(dtype), target, context_kv="unfused"), set())
     per_block = generator.block_bytes()
     if not per_block:

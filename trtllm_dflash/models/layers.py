@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config.model import DecoderConfig, RopeConfig
+from ..config.model import DecoderConfig
+from ..config.rope import RopeConfig
 from ..distributed.parallel import SINGLE, HeadSplit, Parallel, padded_vocab
 from .attention import AttentionSpec
 

@@ -12,11 +12,10 @@ from ..cache.state_cache import RecurrentState
 from ..config.model import TargetConfig
 from ..distributed.parallel import SINGLE, Parallel
 from .attention import ForwardContext
-from .deepseek_v4 import DeepseekV4Target
 from .gated_delta_net import GatedDeltaNet
-from .gemma4 import Gemma4Target
 from .layers import MLP, Attention, LMHead, RMSNorm, Rotary, VocabEmbedding
 from .moe import MoE
+from .registry import family_of
 
 
 class HybridCache:
@@ -159,10 +158,7 @@ class TargetModel(nn.Module):
 
 
 def build_target(cfg: TargetConfig, tp: Parallel = SINGLE) -> nn.Module:
-    """The target model of cfg's family: Gemma 4's or DeepSeek-V4's own (models/gemma4.py, deepseek_v4.py), or
-    TargetModel."""
-    if cfg.gemma4 is not None:
-        return Gemma4Target(cfg, tp)
-    if cfg.deepseek_v4 is not None:
-        return DeepseekV4Target(cfg, tp)
-    return TargetModel(cfg, tp)
+    """The target model of cfg's family: its registry entry's model (a family folder's), or TargetModel."""
+    family = family_of(cfg.model_type)
+    build = family.model if family is not None and family.model is not None else TargetModel
+    return build(cfg, tp)

@@ -24,6 +24,7 @@ from ..config.pairing import validate_pair
 from ..engine.generator import Generator
 from ..engine.request import Request, pooled_tau
 from ..models.drafter import DFlashDrafter
+from ..models.registry import parse_drafter_config
 from ..speculative import DFlashProposer
 from ..utils.errors import DFlashError
 from .data import TrainingSet, encode, read_prompts, regenerate, stdlib_prompts
@@ -67,7 +68,7 @@ def drafter_config(spec: TrainSpec, target: LoadedTarget) -> dict:
     config.update({"architectures": ["DFlashDraftModel"], "num_hidden_layers": spec.num_layers,
                    "block_size": spec.block_size, "num_target_layers": layers, "torch_dtype": "float32",
                    "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": list(ids)}})
-    validate_pair(target.config, DrafterConfig.from_dict(config, "the new drafter's config"))
+    validate_pair(target.config, parse_drafter_config(config, "the new drafter's config"))
     return config
 
 
@@ -163,7 +164,7 @@ def train(spec: TrainSpec, progress: Progress = Progress()) -> TrainState:
     check_output(spec)
     target = load_target(spec.target, torch.float32, spec.device)
     config = drafter_config(spec, target)
-    d_cfg = DrafterConfig.from_dict(config, "the new drafter's config")
+    d_cfg = parse_drafter_config(config, "the new drafter's config")
     out_config = saved_config(spec, target, config, d_cfg)  # a format that cannot hold it fails before any work
     target.model.requires_grad_(False)  # frozen: the shared embedding and LM head included
     data, eval_prompts = prepare_data(spec, target, progress)

@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from ...config.families import read_as_transformers
+from ...models.registry import read_as_transformers
 from ...config.model import DRAFTER_ARCHITECTURE
 from ...utils.errors import DFlashError
 

@@ -12,9 +12,10 @@ import yaml
 from ...checkpoint.hf import load_tensors
 from ...checkpoint.loader import DTYPES, check_weights
 from ...config.manifest import Manifest
-from ...config.model import DrafterConfig, read_config_json
+from ...config.model import read_config_json
 from ...config.pairing import validate_pair
 from ...models.drafter import DFlashDrafter
+from ...models.registry import parse_drafter_config
 from ...utils.errors import DFlashError
 from .engine import OPTIONS, options_at
 from .fields import check_options
@@ -25,7 +26,7 @@ from .targets import TrtllmTarget
 def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
     source = engine_dir / "target" / "config.json"
     target = TrtllmTarget.from_dict(read_config_json(engine_dir / "target"), str(source))
-    drafter = DrafterConfig.from_dict(read_config_json(engine_dir / "drafter"), str(engine_dir / "drafter"))
+    drafter = parse_drafter_config(read_config_json(engine_dir / "drafter"), str(engine_dir / "drafter"))
     validate_pair(target, drafter)
     tensors = load_tensors(engine_dir / "drafter")
     with torch.device("meta"):

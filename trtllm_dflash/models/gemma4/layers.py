@@ -12,14 +12,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config.families import FULL, SLIDING
-from ..config.gemma4 import Gemma4Attention as AttentionShape
-from ..config.gemma4 import Gemma4Config
-from ..config.model import RopeConfig, TargetConfig
-from ..config.moe import MoeConfig
-from ..distributed.parallel import SINGLE, HeadSplit, Parallel
-from .attention import AttentionSpec
-from .layers import MLP, PackedLinear, RMSNorm, Rotary, apply_rope, keep_checkpoint_names
+from ...config.family import FULL, SLIDING
+from ...config.model import TargetConfig
+from ...config.moe import MoeConfig
+from ...config.rope import RopeConfig
+from ...distributed.parallel import SINGLE, HeadSplit, Parallel
+from ..attention import AttentionSpec
+from ..layers import MLP, PackedLinear, RMSNorm, Rotary, apply_rope, keep_checkpoint_names
+from .config import Gemma4Attention as AttentionShape
+from .config import Gemma4Config
 
 
 def normalize(x: torch.Tensor, eps: float) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""DeepSeek-V4 checkpoints -> the tensors models/deepseek_v4.py holds.
+"""DeepSeek-V4 checkpoints -> the tensors model.py holds.
 
 Published checkpoints (and what transformers 5.24 `save_pretrained` writes) name weights DeepSeek's way
 (`layers.0.attn.wq_a.weight`, `ffn.experts.3.w1.weight`, `hc_attn_fn`, ...); transformers renames them on load with
@@ -18,7 +18,7 @@ import re
 
 import torch
 
-from ..utils.errors import DFlashError
+from ...utils.errors import DFlashError
 
 # transformers 5.24 conversion_mapping.py "deepseek_v4", in order (WeightRenaming source -> target)
 RENAMES = [

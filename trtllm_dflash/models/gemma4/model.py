@@ -1,7 +1,7 @@
 """Gemma 4 targets, dense and MoE (`gemma4_text`, and the language model of the multimodal `gemma4`), as
 transformers 5.24 `models/gemma4/modeling_gemma4.py` computes them.
 
-What sets the family apart (gemma4_config.py has the fields, gemma4_layers.py the pieces):
+What sets the family apart (config.py has the fields, layers.py the pieces):
 - embeddings scaled by sqrt(hidden) (rounded to the weights' dtype, as Gemma4TextScaledWordEmbedding does);
   the drafter embeds its block with the raw rows (`embed_tokens`), as vLLM's DFlash does for this family (its
   proposer hands the drafter the target's `model.embed_tokens` module, vllm/v1/spec_decode/llm_base_proposer.py
@@ -23,14 +23,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..cache.kv_cache import BlockTable, KVCache, LayerCacheSpec
-from ..config.families import FULL, SLIDING
-from ..config.model import TargetConfig
-from ..distributed.parallel import SINGLE, HeadSplit, Parallel
-from .attention import ForwardContext
-from .gemma4_layers import GeluMLP, Gemma4Router, Gemma4SelfAttention, GemmaRMSNorm, LayerTypeRotary
-from .layers import LMHead, VocabEmbedding
-from .moe import Experts
+from ...cache.kv_cache import BlockTable, KVCache, LayerCacheSpec
+from ...config.family import FULL, SLIDING
+from ...config.model import TargetConfig
+from ...distributed.parallel import SINGLE, HeadSplit, Parallel
+from ..attention import ForwardContext
+from ..layers import LMHead, VocabEmbedding
+from ..moe import Experts
+from .layers import GeluMLP, Gemma4Router, Gemma4SelfAttention, GemmaRMSNorm, LayerTypeRotary
 
 
 def fp32(value: float) -> float:

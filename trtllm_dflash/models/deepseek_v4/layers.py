@@ -13,10 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config.deepseek_v4 import CSA, SLIDING, DeepseekV4Config
-from ..config.moe import MoeConfig
-from .attention import AttentionSpec, additive, eager_with_sinks
-from .layers import MLP, RMSNorm, Rotary
+from ...config.moe import MoeConfig
+from ..attention import AttentionSpec, additive, eager_with_sinks
+from ..layers import MLP, RMSNorm, Rotary
+from .config import CSA, SLIDING, DeepseekV4Config
 
 
 def rms(x: torch.Tensor, eps: float) -> torch.Tensor:

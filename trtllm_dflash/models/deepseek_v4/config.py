@@ -3,8 +3,9 @@ output projections, hyper-connections, hash- and score-routed experts, two RoPEs
 
 Read as transformers 5.24 `models/deepseek_v4/configuration_deepseek_v4.py` (`DeepseekV4Config.__post_init__`:
 defaults, the legacy `compress_ratios` / `num_hash_layers` / `qk_rope_head_dim` keys, the main / compress RoPE
-split) reads them. The fields every family has (hidden size, heads, sliding window) stay in `config.DecoderConfig`;
-the class defaults a config.json may omit are `families.DEEPSEEK_V4_DEFAULTS`.
+split) reads them. The fields every family has (hidden size, heads, sliding window) stay in
+`config.model.DecoderConfig`; the class defaults a config.json may omit are `DEFAULTS`; models/registry.py's entry
+holds these hooks.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..utils.errors import DFlashError
+from ...config.moe import MoeConfig, number, positive_int, top_k
+from ...config.rope import RopeConfig, rope_params
+from ...utils.errors import DFlashError
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 LAYER_TYPES = (SLIDING, CSA, HCA)
@@ -20,6 +23,18 @@ MLP_TYPES = ("hash_moe", "moe")
 COMPRESS_RATIO_TYPES = {0: SLIDING, 4: CSA, 128: HCA}  # legacy `compress_ratios` entries
 DEFAULT_COMPRESS_RATES = {CSA: 4, HCA: 128}
 SCORING = ("sqrtsoftplus", "sigmoid")  # the router activations transformers' ACT2FN has
+# DeepseekV4Config's class defaults (transformers 5.24); the shared expert's width is moe_intermediate_size
+# (its attribute_map reads intermediate_size from it: `fill`).
+DEFAULTS = {
+    "vocab_size": 129_280, "hidden_size": 4096, "moe_intermediate_size": 2048, "num_hidden_layers": 43,
+    "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "q_lora_rank": 1024,
+    "num_experts_per_tok": 6, "n_routed_experts": 256, "scoring_func": "sqrtsoftplus",
+    "routed_scaling_factor": 1.5, "max_position_embeddings": 1_048_576, "rope_theta": 10_000.0,
+    "compress_rope_theta": 160_000.0, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6, "swiglu_limit": 10.0,
+    "sliding_window": 128, "o_groups": 8, "o_lora_rank": 1024, "index_n_heads": 64, "index_head_dim": 128,
+    "index_topk": 512, "rms_norm_eps": 1e-6, "eos_token_id": 1, "tie_word_embeddings": False, "hidden_act": "silu",
+    "attention_bias": False, "mlp_bias": False,
+}
 
 
 @dataclass(frozen=True)
@@ -31,8 +46,8 @@ class DeepseekV4Config:
     o_lora_rank: int
     o_groups: int
     rope_dim: int  # the trailing channels of each head that RoPE turns (interleaved pairs)
-    main_rope: Any  # config.RopeConfig of sliding-only layers
-    compress_rope: Any  # config.RopeConfig of CSA / HCA layers, their compressed entries and indexer
+    main_rope: RopeConfig  # of sliding-only layers
+    compress_rope: RopeConfig  # of CSA / HCA layers, their compressed entries and indexer
     hc_mult: int
     hc_sinkhorn_iters: int
     hc_eps: float
@@ -48,18 +63,30 @@ class DeepseekV4Config:
         return self.compress_rates.get(self.layer_types[layer])
 
 
-def _positive_int(data: dict[str, Any], key: str, source: str) -> int:
-    value = data[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise DFlashError(f"{source}: field '{key}' must be a positive int, got {value!r}")
-    return value
+def fill(filled: dict[str, Any]) -> None:
+    filled.setdefault("intermediate_size", filled["moe_intermediate_size"])
 
 
-def _number(data: dict[str, Any], key: str, source: str) -> float:
-    value = data[key]
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        raise DFlashError(f"{source}: field '{key}' must be a number, got {value!r}")
-    return float(value)
+def layout(data: dict[str, Any], layers: int) -> tuple[list[str], int | None]:
+    """DeepseekV4Attention: every layer attends to a sliding window (compressed entries of CSA / HCA layers
+    join it: `layer_types_of`)."""
+    return [SLIDING] * layers, data.get("sliding_window")
+
+
+def moe_config(data: dict[str, Any], source: str, layers: int) -> MoeConfig:
+    """DeepseekV4SparseMoeBlock in every layer: routed experts and one shared expert of moe_intermediate_size,
+    both with limited SwiGLU; its routers (hash and score) are layers.py's."""
+    experts = positive_int(data, source, "n_routed_experts")
+    width = positive_int(data, source, "moe_intermediate_size")
+    return MoeConfig(num_experts=experts, top_k=top_k(data, source, experts, "num_experts_per_tok"),
+                     intermediate_size=width, activation="limited_silu",
+                     swiglu_limit=number(data, source, "swiglu_limit", 10.0), shared_expert_intermediate_size=width,
+                     layers=tuple(range(layers)))
+
+
+def own_fields(data: dict[str, Any], base: dict[str, Any], source: str) -> dict[str, Any]:
+    """The TargetConfig field only DeepSeek-V4 has."""
+    return {"deepseek_v4": deepseek_v4_config(data, base, source)}
 
 
 def _types(data: dict[str, Any], key: str, allowed: tuple[str, ...], layers: int, source: str) -> tuple[str, ...]:
@@ -94,9 +121,7 @@ def ropes_of(data: dict[str, Any], rope_fraction: float, source: str):
     """(main, compress) RopeConfigs: nested `rope_parameters` {main, compress} as given; otherwise main is the plain
     rope_theta and compress the flat rope parameters (YaRN, with attention_factor 1 unless given) at
     compress_rope_theta."""
-    from .model import RopeConfig
-
-    params = {**(data.get("rope_scaling") or {}), **(data.get("rope_parameters") or {})}
+    params = rope_params(data)
     extra = {"max_position_embeddings": data["max_position_embeddings"]}
     if isinstance(params.get("main"), dict) and isinstance(params.get("compress"), dict):
         main, compress = params["main"], params["compress"]
@@ -136,25 +161,25 @@ def deepseek_v4_config(data: dict[str, Any], base: dict[str, Any], source: str) 
         if data.get(key) is not None:
             rates[kind] = data[key]
     for kind, rate in rates.items():
-        _positive_int({f"compress_rates.{kind}": rate}, f"compress_rates.{kind}", source)
+        positive_int({f"compress_rates.{kind}": rate}, source, f"compress_rates.{kind}")
     scoring = data["scoring_func"]
     if scoring not in SCORING:
         raise DFlashError(f"{source}: unsupported scoring_func {scoring!r} (DeepSeek-V4: {', '.join(SCORING)})")
-    heads, groups = base["num_attention_heads"], _positive_int(data, "o_groups", source)
+    heads, groups = base["num_attention_heads"], positive_int(data, source, "o_groups")
     if heads % groups:
         raise DFlashError(f"{source}: num_attention_heads {heads} is not a multiple of o_groups {groups}")
     main, compress = ropes_of(data, fraction, source)
     return DeepseekV4Config(
         layer_types=layer_types_of(data, layers, source), mlp_types=mlp_types_of(data, layers, source),
-        compress_rates=rates, q_lora_rank=_positive_int(data, "q_lora_rank", source),
-        o_lora_rank=_positive_int(data, "o_lora_rank", source), o_groups=groups, rope_dim=rope_dim,
-        main_rope=main, compress_rope=compress, hc_mult=_positive_int(data, "hc_mult", source),
-        hc_sinkhorn_iters=_positive_int(data, "hc_sinkhorn_iters", source), hc_eps=_number(data, "hc_eps", source),
-        index_n_heads=_positive_int(data, "index_n_heads", source),
-        index_head_dim=_positive_int(data, "index_head_dim", source),
-        index_topk=_positive_int(data, "index_topk", source), scoring_func=scoring,
-        routed_scaling_factor=_number(data, "routed_scaling_factor", source),
-        swiglu_limit=_number(data, "swiglu_limit", source), fp8_block=fp8_block(data, source))
+        compress_rates=rates, q_lora_rank=positive_int(data, source, "q_lora_rank"),
+        o_lora_rank=positive_int(data, source, "o_lora_rank"), o_groups=groups, rope_dim=rope_dim,
+        main_rope=main, compress_rope=compress, hc_mult=positive_int(data, source, "hc_mult"),
+        hc_sinkhorn_iters=positive_int(data, source, "hc_sinkhorn_iters"), hc_eps=number(data, source, "hc_eps"),
+        index_n_heads=positive_int(data, source, "index_n_heads"),
+        index_head_dim=positive_int(data, source, "index_head_dim"),
+        index_topk=positive_int(data, source, "index_topk"), scoring_func=scoring,
+        routed_scaling_factor=number(data, source, "routed_scaling_factor"),
+        swiglu_limit=number(data, source, "swiglu_limit"), fp8_block=fp8_block(data, source))
 
 
 def fp8_block(data: dict[str, Any], source: str) -> tuple[int, int]:

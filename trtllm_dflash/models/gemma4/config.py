@@ -3,8 +3,8 @@ per-layer input embeddings, the double-wide MLP and the final logit soft-cap.
 
 Read from transformers 5.24 `models/gemma4/configuration_gemma4.py` (`Gemma4TextConfig`) and
 `modeling_gemma4.py` (`Gemma4TextAttention`, `Gemma4TextMLP`, `Gemma4TextRotaryEmbedding`, `Gemma4TextModel`).
-The fields every family has (hidden size, heads, sliding window, ...) stay in `config.DecoderConfig`; the class
-defaults a config.json may omit are `families.GEMMA4_TEXT_DEFAULTS`.
+The fields every family has (hidden size, heads, sliding window, ...) stay in `config.model.DecoderConfig`; the
+class defaults a config.json may omit are `TEXT_DEFAULTS`; models/registry.py's entries hold these hooks.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..utils.errors import DFlashError
-from .families import FULL, SLIDING
+from ...config.family import FULL, SLIDING
+from ...config.moe import MoeConfig, positive_int, top_k
+from ...utils.errors import DFlashError
 
 # Gemma4TextRotaryEmbedding: "default" (compute_default_rope_parameters: every frequency over the whole head_dim)
 # or "proportional" (modeling_rope_utils._compute_proportional_rope_parameters)
@@ -23,6 +24,39 @@ DEFAULT_ROPE = {SLIDING: {"rope_type": "default", "rope_theta": 10_000.0},
                 FULL: {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1_000_000.0}}
 GLOBAL_HEAD_DIM = 512  # Gemma4TextConfig.__post_init__: full-attention layers' head_dim unless given
 PER_LAYER_KEYS = ("head_dim", "num_key_value_heads")  # what Gemma4TextConfig writes into per_layer_config
+# Gemma4TextConfig's class defaults (transformers 5.24) that change the math; a config.json may omit any of them.
+# Its rope_parameters and global_head_dim defaults are DEFAULT_ROPE and GLOBAL_HEAD_DIM.
+TEXT_DEFAULTS = {
+    "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "eos_token_id": 1, "tie_word_embeddings": True,
+    "attention_bias": False, "sliding_window": 512, "final_logit_softcapping": None,
+    "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256, "attention_k_eq_v": False,
+    "num_kv_shared_layers": 0, "enable_moe_block": False, "use_double_wide_mlp": False,
+}
+
+
+def layout(data: dict[str, Any], layers: int) -> tuple[list[str] | None, int | None]:
+    """Gemma4TextConfig.__post_init__: five sliding layers, then one full, and the last layer is made full
+    whatever layer_types says."""
+    types = data.get("layer_types")
+    if types is None:
+        types = [SLIDING if (i + 1) % 6 else FULL for i in range(layers)]
+    if isinstance(types, list) and types:
+        types = [*types[:-1], FULL]
+    return types, data.get("sliding_window")
+
+
+def moe_config(data: dict[str, Any], source: str, layers: int) -> MoeConfig | None:
+    """Gemma4TextDecoderLayer: with enable_moe_block every layer adds routed experts beside its dense MLP;
+    Gemma4TextRouter renormalises the top-k probabilities; experts use hidden_activation. The router's own
+    scales and the block's norms are layers.py's."""
+    if not data.get("enable_moe_block"):
+        return None
+    experts = positive_int(data, source, "num_experts")
+    return MoeConfig(num_experts=experts, top_k=top_k(data, source, experts, "top_k_experts"),
+                     intermediate_size=positive_int(data, source, "moe_intermediate_size"), norm_topk_prob=True,
+                     activation="gelu_tanh", layers=tuple(range(layers)))
 
 
 @dataclass(frozen=True)
@@ -70,6 +104,11 @@ class Gemma4Config:
 
     def shares_kv(self, layer: int, num_layers: int) -> bool:
         return layer >= num_layers - self.kv_shared_layers
+
+
+def own_fields(text: dict[str, Any], base: dict[str, Any], source: str) -> dict[str, Any]:
+    """The TargetConfig field only Gemma 4 has."""
+    return {"gemma4": gemma4_config(text, base, source)}
 
 
 def gemma4_config(text: dict[str, Any], base: dict[str, Any], source: str) -> Gemma4Config:

@@ -1,5 +1,5 @@
 """DeepSeek-V4 targets (`deepseek_v4`), as transformers 5.24 `models/deepseek_v4/modeling_deepseek_v4.py` computes
-them (deepseek_v4_config.py has the fields, deepseek_v4_layers.py the pieces).
+them (config.py has the fields, layers.py the pieces, checkpoint.py the weight names).
 
 - The residual is `hc_mult` streams [B, T, N, H]: every block reads them collapsed and writes back through
   hyper-connections; the final HyperHead collapses them before the norm and the LM head.
@@ -23,11 +23,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..cache.kv_cache import KVCache, LayerCacheSpec
-from ..config.model import TargetConfig
-from ..distributed.parallel import SINGLE, Parallel
-from .attention import ForwardContext
-from .deepseek_v4_layers import (
+from ...cache.kv_cache import KVCache, LayerCacheSpec
+from ...config.model import TargetConfig
+from ...distributed.parallel import SINGLE, Parallel
+from ..attention import ForwardContext
+from ..layers import LMHead, VocabEmbedding
+from ..moe import Experts
+from .layers import (
     DsAttention,
     DsRMSNorm,
     DsRotary,
@@ -38,8 +40,6 @@ from .deepseek_v4_layers import (
     ScoreRouter,
     mix,
 )
-from .layers import LMHead, VocabEmbedding
-from .moe import Experts
 
 
 class DsMoE(nn.Module):

@@ -1,0 +1,11 @@
+"""DeepSeek-V4: config.py (its own config fields and the registry hooks), checkpoint.py (its weight names),
+layers.py, model.py (DeepseekV4Target)."""
+
+from __future__ import annotations
+
+
+def build(cfg, tp):
+    """The registry's model hook; model.py (torch) is imported when a model is built, not when a config is read."""
+    from .model import DeepseekV4Target
+
+    return DeepseekV4Target(cfg, tp)
