@@ -504,7 +504,7 @@ def test_deferred_context_of_a_request_that_ends_before_any_drafting_step_is_nev
     a, b = gen.admit([Request(tuple(prompts[0][:24]), 6, ignore_eos=True),
                       Request(tuple(prompts[1][:18]), 16, ignore_eos=True)])
     moves = []
-    gen.move = lambda seq, dst: moves.append(dst)  # (none: b, in slot 1, ends before c in slot 0)
+    gen.caches.move = lambda seq, dst: moves.append(dst)  # (none: b, in slot 1, ends before c in slot 0)
     while not a.done:
         gen.step()
     assert writes.slots == []  # every step so far was plain: nothing written yet
@@ -600,8 +600,8 @@ def test_a_worker_rank_moves_requests_as_rank_0_does(pair, prompts, monkeypatch)
     moves = {"rank0": [], "worker": []}
 
     def recording(gen, name):
-        move = gen.move
-        gen.move = lambda seq, dst: (moves[name].append((seq.slot, dst)), move(seq, dst))
+        move = gen.caches.move
+        gen.caches.move = lambda seq, dst: (moves[name].append((seq.slot, dst)), move(seq, dst))
 
     recording(rank0, "rank0")
     rank0.allocate(3, 96, rank0.block)

@@ -185,8 +185,8 @@ def test_a_decode_step_copies_nothing_from_the_host_and_reads_the_device_once(bu
     plain_only = gen.admit([Request(tuple(prompts[1][:20]), 60, ignore_eos=True)], drafting=False)[0]
     gen.admit([Request(tuple(prompts[2][:20]), 60, SamplingParams(0.7, top_k=5, seed=2), ignore_eos=True)])
     moved = []
-    move = gen.move
-    gen.move = lambda seq, dst: (moved.append(dst), move(seq, dst))
+    move = gen.caches.move
+    gen.caches.move = lambda seq, dst: (moved.append(dst), move(seq, dst))
     lengths = (4, 0, 4, 0, 4, 4, 0)
     calls = host_traffic_of_steps(gen, lengths, monkeypatch)
     assert calls == ["tolist"] * len(lengths)

@@ -387,7 +387,7 @@ def test_requests_that_change_slot_keep_their_recurrent_state(hybrid, tmp_path):
     _, path, expected = hybrid
     gen = load_pipeline(path, write_drafter(tmp_path / "drafter", seed=2)).generator
     lengths = [5, NEW, NEW]
-    moved, move = [], gen.move
+    moved, move = [], gen.caches.move
 
     def recording(seq, dst):  # the state the request had in its old slot is the state it has in the new one
         state = gen.cache.state
@@ -396,7 +396,7 @@ def test_requests_that_change_slot_keep_their_recurrent_state(hybrid, tmp_path):
         move(seq, dst)
         assert torch.equal(state.conv[:, dst], before[0]) and torch.equal(state.ssm[:, dst], before[1])
 
-    gen.move = recording
+    gen.caches.move = recording
     results = gen.generate([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)])
     assert moved[0] == (2, 0)  # (and a later one, when the moved request ends before the one in slot 1)
     assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]

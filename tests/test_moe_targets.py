@@ -185,8 +185,8 @@ def test_requests_that_change_slot_keep_their_window_rings(moe_target, drafter):
     gen = load_pipeline(path, drafter).generator
     lengths = [6, N, N]
     moved = []
-    move = gen.move
-    gen.move = lambda seq, dst: (moved.append((seq.slot, dst)), move(seq, dst))
+    move = gen.caches.move
+    gen.caches.move = lambda seq, dst: (moved.append((seq.slot, dst)), move(seq, dst))
     results = gen.generate([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)],
                            BLOCK[hf.config.model_type])
     assert moved[0] == (2, 0)  # (and a later one, when the moved request ends before the one in slot 1)

@@ -28,7 +28,7 @@ def compile_step_shapes(generator, max_batch: int | None = None) -> None:
         sequences = g.admit([Request(p, steps * g.block, ignore_eos=True) for p in prompts])
         for k in lens * 2:
             g.step(k)
-        if g.block > 1:  # requests alone that keep no drafter context: plain decoding's pass (`Generator.padded`)
+        if g.block > 1:  # requests alone that keep no drafter context: plain decoding's pass (`Runner.padded`)
             g.stop_drafting([seq for seq in sequences if not seq.done])
             for _ in range(2):
                 g.step(0)

@@ -14,10 +14,12 @@ import shutil
 import subprocess
 import sys
 
+import torch
 import torch.distributed as dist
 
-from ..engine.generator import Generator, Sequence
+from ..engine.generator import Generator
 from ..engine.request import Request
+from ..engine.sequence import Sequence
 
 
 def broadcast(message=None):
@@ -26,42 +28,65 @@ def broadcast(message=None):
     return box[0]
 
 
-class LockstepGenerator(Generator):
-    """Rank 0's generator: same behaviour, every state change mirrored on the workers."""
+class LockstepGenerator:
+    """Rank 0's generator: a `Generator` (the same behaviour) whose every state change is first sent to the
+    workers (`follow`). Everything else, reads and settings alike, is the generator's own."""
 
+    def __init__(self, target, proposer, default_stop_ids: tuple[int, ...] = ()):
+        object.__setattr__(self, "generator", Generator(target, proposer, default_stop_ids))
+
+    def __getattr__(self, name: str):
+        return getattr(self.generator, name)
+
+    def __setattr__(self, name: str, value) -> None:  # the runtime settings (policy, prefix_caching, ...)
+        setattr(self.generator, name, value)
+
+    def generate(self, requests: list[Request], block_size: int | None = None):
+        return Generator.generate(self, requests, block_size)  # its allocate, admit and step mirrored
+
+    @torch.inference_mode(False)
     def allocate(self, num_slots: int, capacity: int, block: int, num_blocks: int | None = None) -> None:
+        g = self.generator
         # the pool's settings first: every rank sizes the same pool, so admission and preemption agree
-        broadcast(("configure", (self.prefix_caching, self.max_num_tokens, self.kv_cache_bytes)))
+        broadcast(("configure", (g.prefix_caching, g.max_num_tokens, g.kv_cache_bytes)))
         broadcast(("allocate", (num_slots, capacity, block, num_blocks)))
-        super().allocate(num_slots, capacity, block, num_blocks)
+        g.allocate_caches(num_slots, capacity, block, num_blocks)
+        g.policy.prepare(self)  # a calibration's steps are mirrored too
 
     def admit(self, requests: list[Request], tags: list | None = None, drafting: bool | None = None) -> list[Sequence]:
-        return super().admit([with_seed(r) for r in requests], tags, drafting)
-
-    def admitting(self, requests: list[Request], drafting: bool) -> None:
-        # validated (a rejected batch never reaches the workers); drafting decided by rank 0's policy and
-        # sent, so every rank keeps the same drafter context
+        g, requests = self.generator, [with_seed(r) for r in requests]
+        g.check_admission(requests)  # a rejected batch never reaches the workers
+        if drafting is None:  # decided by rank 0's policy and sent, so every rank keeps the same drafter context
+            drafting = g.decide_drafting(requests, g.slots.free()[: len(requests)])
         broadcast(("admit", (requests, None, drafting)))
+        return g.admit(requests, tags, drafting)
 
     def step(self, draft_len: int | None = None) -> list[Sequence]:
-        running = list(self.slots.running.values())
-        if not self.live():
+        g = self.generator
+        if not g.live():
             return []
+        running = list(g.slots.running.values())
         k = (self.draft_len(running) if running else 0) if draft_len is None else draft_len
         broadcast(("step", (k,)))
-        return super().step(k)
+        return g.step(k)
+
+    def draft_len(self, running: list[Sequence]) -> int:
+        k, stopping = self.generator.next_draft_len(running)
+        if stopping:
+            self.stop_drafting(stopping)
+        return k
 
     def stop_drafting(self, running: list[Sequence]) -> None:
         broadcast(("stop_drafting", ([s.slot for s in running],)))
-        super().stop_drafting(running)
+        self.generator.stop_drafting(running)
 
     def hold(self, sequences: list[Sequence], length: int) -> None:
         broadcast(("hold", ([s.slot for s in sequences], length)))
-        super().hold(sequences, length)
+        self.generator.hold(sequences, length)
 
     def cancel(self, seq: Sequence, reason: str) -> None:
         broadcast(("cancel", (seq.order, reason)))  # admission order: also names a preempted or staged request
-        super().cancel(seq, reason)
+        self.generator.cancel(seq, reason)
 
     def close(self) -> None:
         broadcast(("stop", ()))

@@ -16,8 +16,9 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..engine.generator import Generator, Sequence
+from ..engine.generator import Generator
 from ..engine.request import Request
+from ..engine.sequence import Sequence
 from ..utils.errors import DFlashError
 from .admission import AdmissionGate, AdmissionSettings, fixed_cost
 from .failures import CANCELLED, INTERNAL_ERROR, OVERLOADED, SHUTTING_DOWN
@@ -179,10 +180,14 @@ class ServingLoop:
 
     def fail_running(self, message: str) -> None:
         for seq in self.generator.live():
-            self.generator.cancel(seq, "error")
-            self.count(failed=1)  # through count(), so the Prometheus counter sees it too
+            self.fail(seq, "error")
             self.export()
             seq.tag.responder.error(message)
+
+    def fail(self, seq: Sequence, reason: str) -> None:
+        """End `seq` unfinished, counted as failed (through count(), so the Prometheus counter sees it too)."""
+        self.generator.cancel(seq, reason)
+        self.count(failed=1)
 
     def queued(self) -> int:
         """Requests not yet admitted (read from Triton's threads too: a list's length is one atomic read)."""
@@ -190,7 +195,7 @@ class ServingLoop:
 
     def admit(self) -> None:
         """Admit the requests that have free slots and KV blocks, when the gate says so (admission.py)."""
-        free, now = len(self.generator.slots.free()), time.monotonic()
+        free, now = self.generator.num_free(), time.monotonic()
         while len(self.waiting) < free:
             try:
                 self.waiting.append(self.pending.get_nowait())
@@ -203,7 +208,7 @@ class ServingLoop:
             if r.admissible_s is None:
                 r.admissible_s = now
                 self.gate.arrived(now)
-        if not self.gate.ready(len(self.generator.slots.running), [now - r.admissible_s for r in batch]):
+        if not self.gate.ready(self.generator.num_running(), [now - r.admissible_s for r in batch]):
             return self.publish()
         del self.waiting[: len(batch)]
         try:
@@ -227,8 +232,7 @@ class ServingLoop:
         self.polled_s = now
         for seq in self.generator.live():
             if seq.tag.responder.cancelled():
-                self.generator.cancel(seq, "cancelled")
-                self.count(failed=1)
+                self.fail(seq, "cancelled")
                 self.export()
                 try:
                     seq.tag.responder.error(CANCELLED)
@@ -263,8 +267,7 @@ class ServingLoop:
             if not seq.tag.responder.cancelled():
                 raise
             if not seq.done:
-                self.generator.cancel(seq, "cancelled")
-                self.count(failed=1)
+                self.fail(seq, "cancelled")
 
     def with_prompt(self, req: ServeRequest, text: str) -> str:
         """TensorRT-LLM's llmapi model includes the prompt unless told not to (once, when streaming)."""
@@ -319,8 +322,7 @@ class ServingLoop:
     def running_gauges(self) -> bool:
         """Refresh the gauges from the batch, the queue and the KV pool (its totals counted as they grew); -> whether
         they changed. Under `counting`, or on the loop's thread while no other thread counts these."""
-        running, queued = len(self.generator.slots.running), self.queued()
-        pool = self.generator.pool_stats() if self.generator.pool is not None else {}
+        running, queued, pool = self.generator.num_running(), self.queued(), self.generator.pool_stats()
         for field, key in POOL_TOTALS.items():
             grown = pool.get(key, 0) - getattr(self.counters, field)
             if grown > 0:
