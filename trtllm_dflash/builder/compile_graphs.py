@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from ..compilation.step_mode import StepMode
+from ..config.runtime import RuntimeConfig
 from ..utils.errors import DFlashError
 
 
@@ -34,7 +35,7 @@ def compile_engine(engine_dir: str | Path, device: str = "cpu", step_mode: str |
     manifest = read_torch_manifest(Path(engine_dir))
     if manifest.tp_size == 1:
         return [compile_rank(engine_dir, 0, device, mode.mode, calibrate, log)]
-    return [spawn_ranks(Path(engine_dir), manifest.tp_size, [], None, device, None, None, mode.mode,
+    return [spawn_ranks(Path(engine_dir), manifest.tp_size, [], None, device, RuntimeConfig(step_mode=mode.mode),
                         rank_fn=compile_rank_main)]  # rank 0's set; each rank logs its own
 
 

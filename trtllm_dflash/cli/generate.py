@@ -6,9 +6,8 @@ import json
 import sys
 
 from ..checkpoint.loader import DTYPES, parse_dtype
-from ..compilation.step_mode import AUTO as AUTO_MODE
-from ..compilation.step_mode import MODES as STEP_MODES
 from ..compilation.step_mode import StepMode
+from ..config.runtime import AUTO, STEP_MODES, RuntimeConfig
 from ..engine.draft_len import checkpoint_cache, make_policy
 from ..engine.pipeline import load_pipeline
 from ..engine.request import Request
@@ -36,14 +35,14 @@ def parser() -> Parser:
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--seed", type=int)
     p.add_argument("--block-size", type=int, help="tokens per draft block (default: the drafter's trained size)")
-    p.add_argument("--draft-len", default="auto", help="draft tokens per step: auto (default: chosen every step "
+    p.add_argument("--draft-len", default=AUTO, help="draft tokens per step: auto (default: chosen every step "
                    "from a calibrated step cost and live acceptance), N (fixed), or a draft_len_schedule FILE")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default float32 (an engine uses its own dtype)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, help="torch threads per rank (default: the cores this process may use, "
                    "divided among an engine's ranks, at most 8)")
-    p.add_argument("--step-mode", choices=(AUTO_MODE, *STEP_MODES), default=AUTO_MODE,
+    p.add_argument("--step-mode", choices=(AUTO, *STEP_MODES), default=AUTO,
                    help="how decode steps run: eager, compile (torch.compile) or cuda-graphs (compiled into CUDA "
                    "graphs, padded to batch buckets); auto (default): cuda-graphs on CUDA, eager on a CPU")
     p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
@@ -61,21 +60,21 @@ def prompt_ids(args, tokenizer, where) -> tuple[int, ...]:
     return tuple(tokenizer.encode(args.prompt, add_special_tokens=False))
 
 
-def generate_from_checkpoints(args, sampling: SamplingParams):
-    args.threads = set_threads(args.threads)
+def generate_from_checkpoints(args, runtime: RuntimeConfig, sampling: SamplingParams):
+    args.threads = set_threads(runtime.threads)
     pipeline = load_pipeline(model_path(args.target, "target"), model_path(args.drafter, "drafter"),
-                             parse_dtype(args.dtype or "float32"), args.device, args.step_mode)
+                             parse_dtype(args.dtype or "float32"), args.device, runtime.step_mode)
     request = Request(prompt_ids(args, pipeline.tokenizer, pipeline.target.path), args.max_new_tokens, sampling,
                       ignore_eos=args.ignore_eos)
     generator = pipeline.generator
     cache = None if pipeline.drafter is None else checkpoint_cache(pipeline.target.path, pipeline.drafter.path,
                                                                    args.dtype or "float32")
-    generator.policy = make_policy(args.draft_len, generator.block - 1, log=lambda line: print(
-        f"{PROG}: {line}", file=sys.stderr), cache=cache)
+    generator.configure(runtime, make_policy(runtime.draft_len, generator.block - 1, log=lambda line: print(
+        f"{PROG}: {line}", file=sys.stderr), cache=cache))
     return generator.generate([request], args.block_size)[0], pipeline.tokenizer
 
 
-def generate_from_engine(args, sampling: SamplingParams):
+def generate_from_engine(args, runtime: RuntimeConfig, sampling: SamplingParams):
     from pathlib import Path
 
     from ..checkpoint.hf import load_tokenizer
@@ -86,11 +85,11 @@ def generate_from_engine(args, sampling: SamplingParams):
     init_from_torchrun(args.device)
     engine = Path(args.engine)
     manifest = read_torch_manifest(engine)
-    args.threads = set_threads(args.threads, manifest.tp_size)  # the ranks share this process's cores
+    args.threads = set_threads(runtime.threads, manifest.tp_size)  # the ranks share this process's cores
     tokenizer = load_tokenizer(engine / manifest.tokenizer) if manifest.tokenizer else None
     request = Request(prompt_ids(args, tokenizer, engine), args.max_new_tokens, sampling, ignore_eos=args.ignore_eos)
-    return generate_with_engine(engine, [request], args.block_size, args.device, args.draft_len,
-                                args.threads, args.step_mode)[0], tokenizer
+    return generate_with_engine(engine, [request], args.block_size, args.device, runtime.draft_len,
+                                args.threads, runtime.step_mode)[0], tokenizer
 
 
 def run(argv: list[str] | None = None) -> int:
@@ -99,13 +98,14 @@ def run(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.max_new_tokens < 1:  # before anything loads or calibrates
         raise DFlashError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    runtime = RuntimeConfig.from_flags(args)
     sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
     run_one = generate_from_engine if args.engine else generate_from_checkpoints
-    result, tokenizer = run_one(args, sampling)
+    result, tokenizer = run_one(args, runtime, sampling)
     if dist.is_initialized() and dist.get_rank() != 0:
         return 0  # under torchrun, rank 0 reports
     out = {**result.summary(), "threads": args.threads,
-           "step_mode": StepMode.resolve(args.step_mode, args.device).mode}
+           "step_mode": StepMode.resolve(runtime.step_mode, args.device).mode}
     if tokenizer is not None:
         out["text"] = tokenizer.decode(result.output_ids)
     if args.json:

@@ -89,7 +89,10 @@ def print_launch(spec, out: Path) -> None:
 
 
 def run(argv: list[str] | None) -> int:
+    from dataclasses import asdict
+
     from ..config.manifest import Manifest
+    from ..config.runtime import RuntimeConfig
     from ..serve.locate import find_tritonserver
     from ..serve.repository import ServeSettings, write_repository
     from ..serve.server import Endpoints, check_ports_free, run_foreground
@@ -98,9 +101,8 @@ def run(argv: list[str] | None) -> int:
     ends = Endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)
     if not (args.repository_only or args.write_only or args.print_launch):
         check_ports_free(ends, args.openai_port)  # one line now, not a Triton log line after the model loads
-    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue, args.decoding, args.draft_len,
-                             args.threads, args.step_mode, args.admission_wait_ms, args.kv_cache_gib,
-                             not args.no_prefix_caching, args.max_num_tokens)
+    settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue,
+                             admission_wait_ms=args.admission_wait_ms, **asdict(RuntimeConfig.from_flags(args)))
     repo = Path(args.model_repo).absolute()
     manifest = Manifest.read(Path(args.engine_dir))
     frontend = openai_settings(args)  # checked before anything is written

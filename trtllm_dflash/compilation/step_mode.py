@@ -33,11 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config.runtime import AUTO
+from ..config.runtime import STEP_MODES as MODES
 from ..utils.errors import DFlashError
-
-MODES = ("eager", "compile", "cuda-graphs")
-AUTO = "auto"
-
 
 # a compiled prefill's prompt length is right-padded to a multiple of this (up to the cache's positions): one
 # compiled graph for every length, where inductor on CUDA would otherwise specialise on whether a size is a

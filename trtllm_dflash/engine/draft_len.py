@@ -12,14 +12,13 @@ import os
 from pathlib import Path
 
 from ..config.manifest import RUNTIME_CACHE
+from ..config.runtime import AUTO, draft_len_kind
 from ..draft_length.cost import CostModel
 from ..draft_length.policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen, ScheduledDraftLen
 from ..draft_length.schedule import read_schedule
 from ..utils.errors import DFlashError
 from ..utils.user_cache import CACHE_DIR_ENV, user_cache_home
 from .calibrate import CalibrationCache, CalibrationPlan, calibration_key, calibrator, measure
-
-AUTO = "auto"
 
 
 def fallback_cache(engine_dir: Path, root: Path | None = None) -> Path:
@@ -77,25 +76,23 @@ def calibrate_engine(engine_dir: Path, max_batch: int | None = None, repeats: in
 
 def make_policy(setting: str | int | None, max_draft_len: int, engine_dir: Path | None = None,
                 log=None, cache: CalibrationCache | None = None) -> DraftLenPolicy:
-    """The policy a `--draft-len` value names; errors name the value. `auto` keeps its step-cost model in the
-    engine's cache, else in `cache` (checkpoint_cache), else nowhere."""
+    """The policy a `--draft-len` value names (config/runtime.py checks its form); errors name the value. `auto`
+    keeps its step-cost model in the engine's cache, else in `cache` (checkpoint_cache), else nowhere."""
     setting = AUTO if setting is None else str(setting).strip()
-    if setting == AUTO and max_draft_len == 0:  # plain decoding: nothing to choose, nothing to calibrate
+    kind = draft_len_kind(setting)
+    if kind == AUTO and max_draft_len == 0:  # plain decoding: nothing to choose, nothing to calibrate
         return FixedDraftLen(0)
-    if setting == AUTO:
+    if kind == AUTO:
         cache = engine_cache(Path(engine_dir)) if engine_dir is not None else cache
         return CostBasedDraftLen(calibrator=calibrator(cache, log=log))
-    if setting.isdigit():
+    if kind == "fixed":
         if int(setting) > max_draft_len:
             raise DFlashError(f"--draft-len {setting} exceeds this engine's largest draft length {max_draft_len} "
                               "(block size - 1)")
         return FixedDraftLen(int(setting))
-    if Path(setting).is_file():
-        schedule = read_schedule(setting)
-        too_long = [n for _, n in schedule.steps if n > max_draft_len]
-        if too_long:
-            raise DFlashError(f"{setting}: draft length {too_long[0]} exceeds this engine's largest draft length "
-                              f"{max_draft_len}")
-        return ScheduledDraftLen(schedule)
-    raise DFlashError(f"--draft-len must be 'auto', a number of draft tokens, or a draft_len_schedule file; "
-                      f"got {setting!r}")
+    schedule = read_schedule(setting)
+    too_long = [n for _, n in schedule.steps if n > max_draft_len]
+    if too_long:
+        raise DFlashError(f"{setting}: draft length {too_long[0]} exceeds this engine's largest draft length "
+                          f"{max_draft_len}")
+    return ScheduledDraftLen(schedule)

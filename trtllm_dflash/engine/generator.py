@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 from ..config.pairing import check_block_size
+from ..config.runtime import RuntimeConfig
 from ..draft_length.policy import DraftLenPolicy, FixedDraftLen
 from ..models.target import TargetModel
 from ..speculative.base import Proposer
@@ -67,6 +70,29 @@ class Generator:
         self.kv_cache_bytes: int | None = None
         self.policy: DraftLenPolicy = FixedDraftLen()  # the whole block every step, unless told otherwise
         self.shape_calls: Counter = Counter()  # padded steps since the allocation per (rows, width, key span)
+
+    def configure(self, runtime: RuntimeConfig, policy: DraftLenPolicy, kv_cache_bytes: int | None = None) -> None:
+        """The runtime's settings and the draft-length policy its `draft_len` names; call before `allocate`.
+        kv_cache_bytes: the pool's size where the caller sized it (a server on a GPU, from free memory); None:
+        runtime.kv_cache_gib's, or without one every slot at `capacity`."""
+        self.policy = policy
+        self.prefix_caching, self.max_num_tokens = runtime.prefix_caching, runtime.max_num_tokens
+        self.kv_cache_bytes = runtime.kv_cache_bytes if kv_cache_bytes is None else kv_cache_bytes
+
+    @contextmanager
+    def temporarily(self, policy: DraftLenPolicy, prefix_caching: bool | None = None) -> Iterator[None]:
+        """Steps inside the block run under `policy` and, where given, with the allocated pool's prefix caching on
+        or off (requests a caller times or warms up with); both are restored after, an error included."""
+        held, caching = self.policy, None if prefix_caching is None else self.pool.prefix_caching
+        self.policy = policy
+        if prefix_caching is not None:
+            self.pool.prefix_caching = prefix_caching
+        try:
+            yield
+        finally:
+            self.policy = held
+            if caching is not None:
+                self.pool.prefix_caching = caching
 
     @property
     def policy(self) -> DraftLenPolicy:

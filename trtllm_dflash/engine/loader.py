@@ -12,6 +12,7 @@ import queue
 import socket
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -24,18 +25,17 @@ from ..compilation.graph_store import graph_key, inductor_counts, use_stored_gra
 from ..compilation.step_mode import StepMode
 from ..config.manifest import Manifest
 from ..config.model import read_config_json
+from ..config.runtime import AUTO, DECODINGS, RuntimeConfig
 from ..distributed.parallel import Parallel
 from ..distributed.rendezvous import join_local_group
 from ..models.registry import parse_drafter_config, parse_target_config
 from ..speculative import AutoregressiveProposer, DFlashProposer
 from ..utils.errors import DFlashError
 from ..utils.threads import set_threads
-from .draft_len import AUTO, make_policy
+from .draft_len import make_policy
 from .generator import Generator
 from .pipeline import Pipeline, check_device
 from .request import Request, Result
-
-DECODINGS = ("dflash", "plain")  # plain: the target alone, autoregressive (the baseline)
 
 WORKER_TIMEOUT_S = 3600
 
@@ -131,33 +131,35 @@ def kv_pool_lines(engine_dir: Path) -> list[str]:
 def generate_with_engine(engine_dir: str | Path, requests: list[Request], block_size: int | None = None,
                          device: str = "cpu", draft_len: str | int | None = AUTO,
                          threads: int | None = None, step_mode: str | None = None) -> list[Result]:
-    """draft_len: see draft_length/settings.py. Ranks of a TP > 1 engine run independently here, so they
+    """draft_len: see engine/draft_len.py. Ranks of a TP > 1 engine run independently here, so they
     must choose alike: 'auto' (timed per rank) becomes the whole block there; N and schedules are kept.
     threads: torch threads of the ranks this spawns (None: threads.default_threads for tp_size ranks);
     a rank in this process keeps the caller's setting. step_mode: see `load_engine`."""
     check_device(device)
-    StepMode.resolve(step_mode, device)  # a bad mode fails here, not in a spawned rank
+    runtime = RuntimeConfig(step_mode=step_mode or AUTO, draft_len=str(AUTO if draft_len is None else draft_len),
+                            threads=threads)
+    StepMode.resolve(runtime.step_mode, device)  # a bad mode fails here, not in a spawned rank
     manifest = read_torch_manifest(Path(engine_dir))
     for r in requests:  # generate() sizes its cache per call: without this it would run past the built limit
         r.check_length(manifest.limits["max_seq_len"], "this engine's max_seq_len")
-    if manifest.tp_size > 1 and str(draft_len or AUTO) == AUTO:
-        draft_len = manifest.block_size - 1
+    if manifest.tp_size > 1 and runtime.draft_len.strip() == AUTO:
+        runtime = replace(runtime, draft_len=str(manifest.block_size - 1))
     if dist.is_available() and dist.is_initialized():  # under torchrun: this process is one rank
         if dist.get_world_size() != manifest.tp_size:
             raise DFlashError(f"world size {dist.get_world_size()} != the engine's tp_size {manifest.tp_size}")
         return run_rank(engine_dir, dist.get_rank(), rank_device(device, dist.get_rank()), requests, block_size,
-                        draft_len, step_mode)
+                        runtime)
     if manifest.tp_size == 1:
-        return run_rank(engine_dir, 0, device, requests, block_size, draft_len, step_mode)
-    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device, draft_len, threads,
-                       step_mode)
+        return run_rank(engine_dir, 0, device, requests, block_size, runtime)
+    return spawn_ranks(Path(engine_dir), manifest.tp_size, requests, block_size, device, runtime)
 
 
 def run_rank(engine_dir, rank: int, device: str, requests: list[Request], block_size: int | None,
-             draft_len, step_mode: str | None = None) -> list[Result]:
-    generator = load_engine(engine_dir, rank, device, step_mode=step_mode, max_batch=len(requests)).generator
+             runtime: RuntimeConfig) -> list[Result]:
+    generator = load_engine(engine_dir, rank, device, runtime.decoding, runtime.step_mode,
+                            max_batch=len(requests)).generator
     log = (lambda line: print(f"dflash: {line}", file=sys.stderr)) if rank == 0 else None
-    generator.policy = make_policy(draft_len, generator.block - 1, Path(engine_dir), log)
+    generator.configure(runtime, make_policy(runtime.draft_len, generator.block - 1, Path(engine_dir), log))
     return generator.generate(requests, block_size)
 
 
@@ -171,15 +173,15 @@ def rank_device(device: str, rank: int) -> str:
     return f"cuda:{rank % torch.cuda.device_count()}" if device.startswith("cuda") else device
 
 
-def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device, draft_len, threads=None,
-                step_mode=None, rank_fn=None) -> list[Result]:
+def spawn_ranks(engine_dir: Path, world: int, requests, block_size, device, runtime: RuntimeConfig,
+                rank_fn=None) -> list[Result]:
     """rank_fn(engine_dir, rank, device, step_mode): what each rank runs instead of the generation (rank 0's
     return value is returned), e.g. `dflash-build compile`'s."""
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank_main, args=(r, world, port, str(engine_dir), requests, block_size, device,
-                                                  draft_len, threads, step_mode, results, rank_fn), daemon=True)
+                                                  runtime, results, rank_fn), daemon=True)
              for r in range(world)]
     for p in procs:
         p.start()
@@ -208,15 +210,15 @@ def _collect(results, procs) -> list[Result]:
     return payload
 
 
-def _rank_main(rank, world, port, engine_dir, requests, block_size, device, draft_len, threads, step_mode,
-               results, rank_fn=None) -> None:
-    set_threads(threads, world)
+def _rank_main(rank, world, port, engine_dir, requests, block_size, device, runtime: RuntimeConfig, results,
+               rank_fn=None) -> None:
+    set_threads(runtime.threads, world)
     try:
         join_local_group("nccl" if device.startswith("cuda") else "gloo", rank, world, port)
         if rank_fn is not None:
-            out = rank_fn(engine_dir, rank, rank_device(device, rank), step_mode)
+            out = rank_fn(engine_dir, rank, rank_device(device, rank), runtime.step_mode)
         else:
-            out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, draft_len, step_mode)
+            out = run_rank(engine_dir, rank, rank_device(device, rank), requests, block_size, runtime)
         if rank == 0:
             results.put(("ok", out))
     except DFlashError as exc:

@@ -62,11 +62,9 @@ def fixed_cost(generator, repeats: int = 3, clock=time.perf_counter) -> float:
     rows = min(PROBE_ROWS, generator.slots.usable, generator.pool.num_blocks // held)  # ... and the pool, all rows
     if rows < 2 or tokens < 1:  # one slot: there is never a second request to admit with the first
         return 0.0
-    policy, generator.policy = generator.policy, FixedDraftLen(0)
+    samples = {1: [], rows: []}
     # the probes' prompts are alike: with prefix caching every timed admission after the first would reuse them
-    caching, generator.pool.prefix_caching = generator.pool.prefix_caching, False
-    try:
-        samples = {1: [], rows: []}
+    with generator.temporarily(FixedDraftLen(0), prefix_caching=False):
         for r in range(repeats + 1):  # the first round untimed: a compiled prefill compiles each shape there
             for n in (1, rows):
                 requests = [Request((1,) * tokens, 1, ignore_eos=True) for _ in range(n)]
@@ -75,8 +73,6 @@ def fixed_cost(generator, repeats: int = 3, clock=time.perf_counter) -> float:
                 seconds = clock() - start
                 if r:
                     samples[n].append(seconds)
-    finally:
-        generator.policy, generator.pool.prefix_caching = policy, caching
     one, many = statistics.median(samples[1]), statistics.median(samples[rows])
     return max(0.0, (rows * one - many) / (rows - 1))
 

@@ -12,16 +12,14 @@ names the engine's target and drafter by absolute paths valid where this runs, s
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import yaml
 
-from ..compilation.step_mode import AUTO as STEP_AUTO
-from ..compilation.step_mode import MODES as STEP_MODES
 from ..config.manifest import Manifest
-from ..engine.draft_len import AUTO, make_policy
-from ..engine.loader import DECODINGS
+from ..config.runtime import AUTO, RuntimeConfig, param
+from ..engine.draft_len import make_policy
 from ..utils.errors import DFlashError
 from ..utils.threads import resolve_threads
 from .admission import MAX_WAIT_S, AdmissionSettings
@@ -69,29 +67,58 @@ class ServeSettings:
     max_batch_size: int | None = None  # default: the engine's
     max_queue: int = 256
     decoding: str = "dflash"  # "plain": serve the target alone (torch engines), the benchmark baseline
-    draft_len: str = "auto"  # torch engines: auto | N | a draft_len_schedule file (draft_length/settings.py)
+    draft_len: str = AUTO  # torch engines: auto | N | a draft_len_schedule file (engine/draft_len.py)
     threads: int | None = None  # torch engines: torch threads of the model (default: threads.default_threads)
-    step_mode: str = STEP_AUTO  # torch engines: eager | compile | cuda-graphs | auto (step_mode.py)
+    step_mode: str = AUTO  # torch engines: eager | compile | cuda-graphs | auto (step_mode.py)
     admission_wait_ms: float = MAX_WAIT_S * 1e3  # torch engines: longest hold of a request to group admissions
     kv_cache_gib: float | None = None  # torch engines: the paged KV pool (None: kv_pool_default)
     prefix_caching: bool = True  # torch engines: reuse cached prompt prefixes
     max_num_tokens: int | None = None  # torch engines: longer prompts are prefilled in chunks of this many tokens
 
     def __post_init__(self):
-        if self.decoding not in DECODINGS:
-            raise DFlashError(f"--decoding must be one of {', '.join(DECODINGS)}, got {self.decoding!r}")
+        self.runtime()  # validates the runtime's fields, errors named as their flags
         if not self.model_name or "/" in self.model_name:
             raise DFlashError(f"invalid model name {self.model_name!r}")
-        resolve_threads(self.threads)  # at least 1, named as the flag
-        if self.step_mode != STEP_AUTO and self.step_mode not in STEP_MODES:
-            raise DFlashError(f"--step-mode must be one of {', '.join((STEP_AUTO, *STEP_MODES))}, got {self.step_mode!r}")
         AdmissionSettings(self.admission_wait_ms / 1e3)  # a bad --admission-wait-ms fails here, not at model load
-        if self.kv_cache_gib is not None and not self.kv_cache_gib > 0:
-            raise DFlashError(f"--kv-cache-gib must be positive, got {self.kv_cache_gib}")
-        for name in ("max_batch_size", "max_queue", "max_num_tokens"):
+        for name in ("max_batch_size", "max_queue"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise DFlashError(f"--{name.replace('_', '-')} must be at least 1, got {value}")
+
+    def runtime(self) -> RuntimeConfig:
+        """The fields a torch engine's runtime takes (RuntimeConfig's, by name)."""
+        return RuntimeConfig(**{f.name: getattr(self, f.name) for f in fields(RuntimeConfig)})
+
+
+@dataclass(frozen=True)
+class ModelParameters:
+    """What a torch model's config.pbtxt parameters say (`write_repository` writes them, the Triton model reads
+    them with `parse`): the engine, the serving loop's limits and the runtime."""
+
+    engine_dir: str
+    tp_size: int
+    max_batch_size: int
+    max_seq_len: int
+    max_queue: int
+    admission: AdmissionSettings
+    runtime: RuntimeConfig
+
+    @classmethod
+    def parse(cls, params: dict[str, str]) -> ModelParameters:
+        """Errors name the parameter and its value, one line."""
+        missing = [name for name in ("engine_dir", "tp_size", "max_batch_size", "max_seq_len", "max_queue")
+                   if name not in params]
+        if missing:
+            raise DFlashError(f"model parameter '{missing[0]}' is missing (dflash-serve writes it)")
+        wait_ms = param(params, "admission_wait_ms", float, MAX_WAIT_S * 1e3)
+        try:
+            admission = AdmissionSettings(wait_ms / 1e3)
+        except DFlashError:
+            raise DFlashError(f"model parameter 'admission_wait_ms' must be a number of milliseconds >= 0, got "
+                              f"{params['admission_wait_ms']!r}") from None
+        limits = {name: param(params, name, int) for name in ("tp_size", "max_batch_size", "max_seq_len", "max_queue")}
+        return cls(params["engine_dir"], admission=admission, runtime=RuntimeConfig.from_triton_params(params),
+                   **limits)
 
 
 def model_config(name: str, inputs, outputs, parameters: dict[str, str], decoupled: bool = True):
@@ -138,7 +165,7 @@ def draft_len_param(settings: ServeSettings, manifest: Manifest) -> str:
 
 def step_mode_param(settings: ServeSettings, manifest: Manifest) -> str:
     """Served tensor-parallel torch engines run eager: their ranks are gloo CPU processes driven in lockstep."""
-    if manifest.tp_size > 1 and settings.step_mode not in (STEP_AUTO, "eager"):
+    if manifest.tp_size > 1 and settings.step_mode not in (AUTO, "eager"):
         raise DFlashError(f"--step-mode {settings.step_mode}: a served tensor-parallel torch engine (tp_size "
                           f"{manifest.tp_size}) runs eager")
     return settings.step_mode
@@ -152,14 +179,12 @@ def write_repository(engine_dir: Path, repo: Path, settings: ServeSettings) -> P
     (model_dir / "1").mkdir(parents=True, exist_ok=True)
     batch = settings.max_batch_size or manifest.limits["max_batch_size"]
     if manifest.backend == "torch":
+        runtime = replace(settings.runtime(), draft_len=draft_len_param(settings, manifest),
+                          threads=resolve_threads(settings.threads, manifest.tp_size),
+                          step_mode=step_mode_param(settings, manifest))
         params = {"engine_dir": engine_dir, "max_batch_size": batch, "max_queue": settings.max_queue,
                   "max_seq_len": manifest.limits["max_seq_len"], "tp_size": manifest.tp_size,
-                  "decoding": settings.decoding, "draft_len": draft_len_param(settings, manifest),
-                  "threads": resolve_threads(settings.threads, manifest.tp_size),
-                  "step_mode": step_mode_param(settings, manifest),
-                  "admission_wait_ms": settings.admission_wait_ms, "prefix_caching": int(settings.prefix_caching)}
-        params.update({k: v for k, v in (("kv_cache_gib", settings.kv_cache_gib),
-                                         ("max_num_tokens", settings.max_num_tokens)) if v is not None})
+                  "admission_wait_ms": settings.admission_wait_ms, **runtime.triton_params()}
         write_pbtxt(model_dir / "config.pbtxt", model_config(settings.model_name, INPUTS + TORCH_EXTRA_INPUTS,
                                                              OUTPUTS + TORCH_EXTRA_OUTPUTS, params))
         (model_dir / "1" / "model.py").write_text(MODEL_PY)

@@ -19,14 +19,15 @@ import numpy as np
 import triton_python_backend_utils as pb_utils  # provided by the Triton Python backend
 
 from ..cache.kv_cache import BLOCK
+from ..config.runtime import RuntimeConfig
 from ..engine.draft_len import make_policy
 from ..engine.loader import load_engine
 from ..engine.request import Request
 from ..sample.sampling import SamplingParams
 from ..utils.errors import DFlashError
 from ..utils.threads import set_threads
-from .admission import MAX_WAIT_S, AdmissionSettings
 from .loop import Counters, ServeRequest, ServingLoop
+from .repository import ModelParameters
 from .shutdown import STOP_FILE_ENV
 from .torch_thread import TorchThread
 
@@ -64,13 +65,13 @@ GAUGES = {"running": ("dflash_running_requests", "requests in the running batch"
           "kv_blocks": ("dflash_kv_cache_blocks", f"KV pool blocks in all ({BLOCK} tokens each)")}
 
 
-def kv_pool_bytes(gib: str | None, device) -> int | None:
+def kv_pool_bytes(runtime: RuntimeConfig, device) -> int | None:
     """--kv-cache-gib, or on a GPU 90 % of the memory free once the model is loaded (vLLM's
     gpu_memory_utilization default); None on a CPU: the generator's default, every slot at max_seq_len."""
     import torch
 
-    if gib is not None:
-        return int(float(gib) * 2**30)
+    if runtime.kv_cache_bytes is not None:
+        return runtime.kv_cache_bytes
     if torch.device(device).type == "cuda":
         return int(torch.cuda.mem_get_info(device)[0] * KV_FREE_FRACTION)
     return None
@@ -151,47 +152,42 @@ class TritonPythonModel:
     def initialize(self, args):
         utf8_text_locale()
         config = json.loads(args["model_config"])
-        params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
+        params = ModelParameters.parse({k: v["string_value"] for k, v in config.get("parameters", {}).items()})
+        runtime = params.runtime
         # every torch call of this process (load, warm-up, calibration, steps) runs on this one thread
         self.torch_thread = TorchThread()
-        self.torch_thread.call(lambda: set_threads(int(params["threads"]) if "threads" in params else None,
-                                                   int(params["tp_size"])))
-        generator, self.tokenizer = self.torch_thread.call(
-            lambda: self.load(params["engine_dir"], int(params["tp_size"]), params.get("decoding", "dflash"),
-                              params.get("step_mode")))
+        self.torch_thread.call(lambda: set_threads(runtime.threads, params.tp_size))
+        generator, self.tokenizer = self.torch_thread.call(lambda: self.load(params.engine_dir, params.tp_size, runtime))
         # before the loop allocates: the cost-based policy calibrates (or reads its cache) then
         start = time.perf_counter()
-        generator.policy = make_policy(params.get("draft_len"), generator.block - 1, Path(params["engine_dir"]),
-                                       log=lambda line: print(f"dflash: {line}", file=sys.stderr, flush=True))
+        policy = make_policy(runtime.draft_len, generator.block - 1, Path(params.engine_dir),
+                             log=lambda line: print(f"dflash: {line}", file=sys.stderr, flush=True))
         print(startup_line({**self.startup, "calibration_s": time.perf_counter() - start}), file=sys.stderr,
               flush=True)
-        self.max_tokens_limit = int(params["max_seq_len"])
-        generator.prefix_caching = params.get("prefix_caching", "1") == "1"
-        generator.max_num_tokens = int(params["max_num_tokens"]) if "max_num_tokens" in params else None
-        generator.kv_cache_bytes = self.torch_thread.call(lambda: kv_pool_bytes(params.get("kv_cache_gib"),
-                                                                                generator.device))
+        self.max_tokens_limit = params.max_seq_len
+        kv_cache_bytes = self.torch_thread.call(lambda: kv_pool_bytes(runtime, generator.device))
+        generator.configure(runtime, policy, kv_cache_bytes)
         self.metrics = self.make_metrics(generator.block - 1)
-        self.loop = ServingLoop(generator, self.tokenizer, int(params["max_batch_size"]),
-                                int(params["max_seq_len"]), int(params["max_queue"]), self.update_metrics,
-                                self.metrics["draft_length"].observe, os.environ.get(STOP_FILE_ENV), self.torch_thread,
-                                AdmissionSettings(float(params.get("admission_wait_ms", MAX_WAIT_S * 1e3)) / 1e3))
+        self.loop = ServingLoop(generator, self.tokenizer, params.max_batch_size, params.max_seq_len,
+                                params.max_queue, self.update_metrics, self.metrics["draft_length"].observe,
+                                os.environ.get(STOP_FILE_ENV), self.torch_thread, params.admission)
         pool = generator.pool
         print(f"dflash: KV pool: {pool.num_blocks} blocks of {BLOCK} = {pool.num_blocks * BLOCK} tokens "
               f"({pool.num_blocks * generator.bytes_per_block / 2**30:.2f} GiB), prefix caching "
               f"{'on' if pool.prefix_caching else 'off'}, prefill chunks of "
-              f"{generator.max_num_tokens or 'whole prompts'}", file=sys.stderr, flush=True)
+              f"{runtime.max_num_tokens or 'whole prompts'}", file=sys.stderr, flush=True)
         print(f"dflash: admissions: fixed cost {self.loop.gate.fixed_s * 1e3:.2f} ms a call, held up to "
               f"{self.loop.gate.settings.max_wait_s * 1e3:g} ms to group them", file=sys.stderr, flush=True)
         self.loop.start()
 
-    def load(self, engine_dir: str, tp: int, decoding: str, step_mode: str | None):
+    def load(self, engine_dir: str, tp: int, runtime: RuntimeConfig):
         """Rank 0 in this process; with tp > 1 the other ranks are spawned and driven in lockstep (eager)."""
-        self.workers = []
+        self.workers, decoding = [], runtime.decoding
         if tp == 1:  # on the GPU when the server has one (ranks of TP > 1 engines stay on gloo CPUs)
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
-            pipeline = load_engine(engine_dir, device=device, decoding=decoding, step_mode=step_mode)
+            pipeline = load_engine(engine_dir, device=device, decoding=decoding, step_mode=runtime.step_mode)
             self.startup = pipeline.startup
             return pipeline.generator, pipeline.tokenizer
         from ..distributed.rendezvous import join_local_group, listen_loopback
