@@ -59,7 +59,7 @@ class StepShapes:
     specialises: one target graph and one drafter graph to compile instead of four and two (one row or
     several, one token or a block), about half the warm-up. The price: a lone request steps as two rows and a
     plain step that keeps the drafter's context as two tokens per row. Plain-only requests alone step one token
-    per row (`Generator.padded`: plain decoding's pass, one more target graph), since the padded plain step cost
+    per row (`Runner.padded`: plain decoding's pass, one more target graph), since the padded plain step cost
     more than plain decoding's (benchmarks/results/gpu_h100_policy/plain_path/)."""
 
     min_span: int = 256  # keys

@@ -46,7 +46,7 @@ def context_buckets(contexts) -> list[int]:
 
 def slot_rows(slots: list[int]) -> slice | list[int]:
     """-> an index of per-slot arrays: a slice where slots are 0..n-1 in order (the generator keeps its running
-    requests there, `Generator.compact`), whose reads are views updated in place; else the list itself."""
+    requests there, `CacheManager.compact`), whose reads are views updated in place; else the list itself."""
     n = len(slots)
     return slice(0, n) if n and slots[-1] == n - 1 and slots == list(range(n)) else slots
 

@@ -5,7 +5,7 @@ admissions, the server's threads on the same cores). The grid keeps the shape (h
 length and context); this keeps its level honest: one factor for plain steps (k = 0) and one for drafting steps
 (k > 0), each the decayed mean of log(measured / predicted) over the steps of its kind, shrunk toward 1 while
 evidence is thin and clipped so a stray step cannot make a kind look free or prohibitive. A padded shape's first
-steps since the allocation (CUDA graphs' warm-up and recording) are not fed at all (`Generator.settled`).
+steps since the allocation (CUDA graphs' warm-up and recording) are not fed at all (`Runner.count_shape`).
 
 Only the two factors' ratio moves the policy's choice, and on a shared machine another process's load comes and
 goes over a few steps: a run of slow drafting steps would price drafting up and, with no drafting step timed

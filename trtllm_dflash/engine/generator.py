@@ -15,7 +15,6 @@ it has reached, so `max_batch_size` bounds rows, not memory.
 from __future__ import annotations
 
 import time
-from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -30,7 +29,7 @@ from .cache_manager import CacheManager
 from .request import Request, Result
 from .runner import Runner
 from .scheduler import Scheduler
-from .sequence import Sequence, StepPlan, batch_view
+from .sequence import Sequence, StepPlan
 
 
 def part(role: str, name: str, doc: str = "") -> property:
@@ -69,7 +68,6 @@ class Generator:
         self.prefix_caching = True
         self.kv_cache_bytes: int | None = None
         self.policy: DraftLenPolicy = FixedDraftLen()  # the whole block every step, unless told otherwise
-        self.shape_calls: Counter = Counter()  # padded steps since the allocation per (rows, width, key span)
 
     def configure(self, runtime: RuntimeConfig, policy: DraftLenPolicy, kv_cache_bytes: int | None = None) -> None:
         """The runtime's settings and the draft-length policy its `draft_len` names; call before `allocate`.
@@ -150,7 +148,7 @@ class Generator:
         self.caches.allocate(num_slots, capacity, block, num_blocks, self.step_mode, prefix_caching=self.prefix_caching,
                              max_num_tokens=self.max_num_tokens, kv_cache_bytes=self.kv_cache_bytes)
         self.scheduler.reset()
-        self.shape_calls = Counter()  # new cache addresses: CUDA graphs record every shape again
+        self.runner.shape_calls.clear()  # new cache addresses: CUDA graphs record every shape again
 
     def block_bytes(self) -> int:
         return self.caches.block_bytes()
@@ -205,10 +203,7 @@ class Generator:
         return sequences
 
     def decide_drafting(self, requests: list[Request], new_slots: list[int]) -> bool:
-        """The policy's `drafts_for` on the batch these requests join in `new_slots`."""
-        if self.block == 1:
-            return True
-        return self.policy.drafts_for(batch_view(list(self.slots.running.values()), self.block, requests, new_slots))
+        return self.scheduler.drafts_for(requests, new_slots)
 
     # -- draft length
     def draft_len(self, running: list[Sequence]) -> int:
@@ -220,17 +215,7 @@ class Generator:
         return k
 
     def next_draft_len(self, running: list[Sequence]) -> tuple[int, list[Sequence]]:
-        """-> the policy's draft length for the next step of `running` (0..block - 1), and the requests that keep the
-        drafter's context but should become plain-only before this plain step (`keeps_context`). Plain-only
-        requests draft nothing in a drafting step (see `Runner.propose`)."""
-        if not any(s.drafting for s in running):  # plain-only requests alone: nothing to choose or keep
-            return 0, []
-        view = batch_view(running, self.block)
-        k = max(0, min(self.policy.choose(view), self.block - 1))
-        if k == 0 and self.block > 1:
-            keep = self.policy.keeps_context(view)
-            return k, [seq for seq, kept in zip(running, keep) if seq.drafting and not kept]
-        return k, []
+        return self.scheduler.next_draft_len(running)
 
     def stop_drafting(self, sequences: list[Sequence]) -> None:
         """These requests become plain-only (`CacheManager.stop_drafting`)."""
@@ -291,22 +276,13 @@ class Generator:
         rows, width = self.runner.padded(len(running), k, any(keeping))
         return StepPlan(running, k, keeping, rows, width, [s.request.sampling for s in running])
 
-    def settled(self, shape: tuple[int, int, int]) -> bool:
-        """Whether a step at this padded shape (rows, width, key span) costs what a step costs: not one of its first
-        `StepMode.settle_calls` since the allocation (counted in `shape_calls`), which warm up and record its CUDA
-        graphs (benchmarks/results/gpu_h100_policy/RUN.md). Only settled steps are fed to the cost policy's live
-        correction, as calibration times only settled cells. Unpadded steps always are."""
-        return self.step_mode.shapes is None or self.shape_calls[shape] > self.step_mode.settle_calls
-
     def learn(self, plan: StepPlan, shape: tuple[int, int, int], accepted: list[int], seconds: float) -> None:
         """The draft-length policy's evidence: the step's time (settled shapes only) and each row's acceptance."""
         if not any(plan.keeping):  # plain-only requests alone: none drafts again, so the step teaches nothing
             self.policy.plain_only_step()
             return
         slots, max_start = [s.slot for s in plan.running], max(s.start for s in plan.running)
-        if self.step_mode.shapes is not None:
-            self.shape_calls[shape] += 1
-        if self.settled(shape):
+        if self.runner.count_shape(shape):
             self.policy.timed(len(slots), max_start, plan.k, seconds)
         self.policy.observe(slots, plan.k, accepted, plan.keeping if plan.mixed else None)
 

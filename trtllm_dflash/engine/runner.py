@@ -3,6 +3,8 @@ drafter's proposal, and the target's verification with acceptance; then the devi
 
 from __future__ import annotations
 
+from collections import Counter
+
 import torch
 
 from ..compilation.step_mode import StepMode
@@ -22,8 +24,19 @@ class Runner:
         self.target, self.proposer, self.caches = target, proposer, caches
         self.device = caches.device
         self.step_mode = StepMode()
+        self.shape_calls: Counter = Counter()  # padded steps since the allocation per (rows, width, key span)
         self.verify_pass = target  # the target's cached pass (plain step, verify): the module, or compiled
         self.prefill_pass = target  # the target's prefill: the module, or compiled (no CUDA graphs)
+
+    def count_shape(self, shape: tuple[int, int, int]) -> bool:
+        """Counts a step at this padded shape (rows, width, key span). -> whether it was settled: not one of the
+        shape's first `StepMode.settle_calls` since the allocation, which warm up and record its CUDA graphs
+        (benchmarks/results/gpu_h100_policy/RUN.md); unpadded steps always are. Only settled steps are fed to the
+        cost policy's live correction, as calibration times only settled cells."""
+        if self.step_mode.shapes is None:
+            return True
+        self.shape_calls[shape] += 1
+        return self.shape_calls[shape] > self.step_mode.settle_calls
 
     def set_step_mode(self, mode: StepMode, prefills_once: bool = False) -> None:
         """See `Generator.set_step_mode`."""

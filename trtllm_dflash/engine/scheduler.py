@@ -16,7 +16,7 @@ from ..utils.errors import DFlashError
 from .cache_manager import CacheManager
 from .request import Request
 from .runner import Runner
-from .sequence import Sequence
+from .sequence import Sequence, batch_view
 
 
 class Scheduler:
@@ -31,6 +31,27 @@ class Scheduler:
         self.preemptions = 0
         self.admitted = 0
         self.max_num_tokens: int | None = None  # longer prompts are prefilled in chunks of this many
+
+    def drafts_for(self, requests: list[Request], new_slots: list[int]) -> bool:
+        """Whether newcomers keep the drafter's context: the policy's `drafts_for` on the batch these requests
+        join in `new_slots`."""
+        if self.caches.block == 1:
+            return True
+        running = list(self.caches.slots.running.values())
+        return self.policy.drafts_for(batch_view(running, self.caches.block, requests, new_slots))
+
+    def next_draft_len(self, running: list[Sequence]) -> tuple[int, list[Sequence]]:
+        """-> the policy's draft length for the next step of `running` (0..block - 1), and the requests that keep the
+        drafter's context but should become plain-only before this plain step (`keeps_context`). Plain-only
+        requests draft nothing in a drafting step (see `Runner.propose`)."""
+        if not any(s.drafting for s in running):  # plain-only requests alone: nothing to choose or keep
+            return 0, []
+        view = batch_view(running, self.caches.block)
+        k = max(0, min(self.policy.choose(view), self.caches.block - 1))
+        if k == 0 and self.caches.block > 1:
+            keep = self.policy.keeps_context(view)
+            return k, [seq for seq, kept in zip(running, keep) if seq.drafting and not kept]
+        return k, []
 
     def reset(self) -> None:
         """A new allocation: nothing waits, nothing is staged."""

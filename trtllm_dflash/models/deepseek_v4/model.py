@@ -138,7 +138,7 @@ class DeepseekV4Target(nn.Module):
     def new_cache(self, num_slots: int, capacity: int, max_step_tokens: int = 1, table=None) -> DeepseekV4Cache:
         """table: the generator's block table. Every layer here is a window ring and the compressor stores are per
         row, so nothing is paged by it: the table only accounts for positions (prefix reuse is refused, as for any
-        target with window rings: `Generator.reusable`)."""
+        target with window rings: `CacheManager.reusable`)."""
         cfg, weight = self.config, self.lm_head.weight
         widths = {i: layer.self_attn.compressor.cached_width for i, layer in enumerate(self.model.layers)
                   if layer.self_attn.compressor is not None}
