@@ -1,0 +1,96 @@
+"""`dflash-bench plan`: DFlash's throughput at fixed interactivity on hardware not at hand, projected from
+NVIDIA AIConfigurator's per-op silicon measurements (TensorRT-LLM) and this toolkit's model of a DFlash step.
+
+inputs (PlanSpec, the drafter, the acceptance profile) -> aic (database, target model, plain estimate, op
+queries) -> step (one DFlash step's cost) + memory (what DFlash adds per GPU) -> search (grid, frontiers, best
+configuration, schedules) -> outputs (plan.json, points.csv, frontier.png, schedule files).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from . import aic
+from .inputs import PlanSpec, acceptance_profile, read_drafter, target_id
+from .outputs import build_command, frontier_entry, method, schedule_name, write_all
+from .search import Grid, best_at, frontier, layout_points, schedule_for
+
+FORMAT = "dflash-plan/1"
+MODEL_NOTES = (
+    "plain: AIConfigurator's static estimate (run_static mode 'static'); dflash: the same prefill, then steps of "
+    "verify (the target's decode ops at b(k+1) queries) + drafter block pass + context-KV projection + sampling, "
+    "each op from the same database; tokens per step from the acceptance profile",
+    "not modelled: scheduler and CUDA-graph overheads beyond AIConfigurator's, in-flight batching (static batches)",
+)
+
+
+def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
+    """(plan.json's object, every grid point, {tp: DraftLenSchedule}) for `spec`."""
+    started = time.monotonic()
+    drafter, drafter_source = read_drafter(spec.drafter)
+    profile = acceptance_profile(spec, drafter)
+    database = aic.open_database(spec.gpu, spec.backend_version)
+    grid = Grid(target_id(spec.target), drafter, database, profile, spec.gpus, spec.tp_sizes(), spec.batches,
+                spec.isl, spec.osl)
+    points = [p for tp in grid.tp_sizes for p in layout_points(grid, tp)]
+    plain = [p for p in points if method(p) == "plain"]
+    dflash = [p for p in points if method(p) == "dflash"]
+    source = f"dflash-bench plan: {database.label}, acceptance {profile.source}"
+    schedules: dict = {}
+    rows = []
+    for level in spec.interactivity:
+        best_plain, best_dflash = best_at(plain, level), best_at(dflash, level)
+        config = None
+        if best_dflash:
+            tp = best_dflash["tp"]
+            if tp not in schedules:
+                schedules[tp] = schedule_for(points, tp, source)
+            out_dir = Path(spec.output or ".")
+            config = {**_config(best_dflash), "draft_len_schedule": schedule_name(tp) if schedules[tp] else None,
+                      "build_command": build_command(spec, best_dflash, schedules[tp], out_dir)}
+        rows.append({"tok_s_user": level,
+                     "plain_tok_s_gpu": _round(best_plain and best_plain["tok_s_gpu"]),
+                     "dflash_tok_s_gpu": _round(best_dflash and best_dflash["tok_s_gpu"]),
+                     "ratio": _round(best_dflash["tok_s_gpu"] / best_plain["tok_s_gpu"])
+                     if best_plain and best_dflash else None,
+                     "config": config, "plain_config": _config(best_plain) if best_plain else None})
+    flagged = {name: src for p in points for name, src in (p.get("flagged_ops") or {}).items()}
+    plan = {
+        "format": FORMAT,
+        "inputs": {**spec.to_dict(), "target_model": grid.target, "drafter_config": drafter_source,
+                   "drafter": {"method": "dflash", "layers": drafter.num_hidden_layers,
+                               "hidden_size": drafter.hidden_size, "block_size": drafter.block_size,
+                               "target_layer_ids": list(drafter.target_layer_ids)},
+                   "acceptance_per_position": [round(a, 4) for a in profile.per_position]},
+        "provenance": {"database": database.label, "system": database.system, "backend": aic.BACKEND,
+                       "backend_version": database.version, "requested_version": database.requested,
+                       "acceptance": profile.source, "model": list(MODEL_NOTES),
+                       "ops_not_silicon": dict(sorted(flagged.items())),
+                       "ops_not_silicon_note": "op -> AIConfigurator's data source where it is not a direct silicon "
+                                               "measurement (mixed: interpolated between measured rows; empirical: "
+                                               "its fitted model, for shapes outside the tables)"},
+        "frontier": {"plain": [frontier_entry(p) for p in frontier(plain)],
+                     "dflash": [frontier_entry(p) for p in frontier(dflash)]},
+        "at_interactivity": rows,
+        "draft_len_schedules": {str(tp): s.as_option() if s else None for tp, s in sorted(schedules.items())},
+        "points": len(points),
+        "run_seconds": round(time.monotonic() - started, 2),
+    }
+    return plan, points, {tp: s for tp, s in schedules.items() if s}
+
+
+def run_plan(spec: PlanSpec) -> tuple[dict, list[Path]]:
+    plan, points, schedules = make_plan(spec)
+    paths = write_all(Path(spec.output), plan, points, schedules) if spec.output else []
+    return plan, paths
+
+
+def _config(p: dict) -> dict:
+    keys = ("tp", "replicas", "batch", "draft_len", "tok_s_user", "tok_s_gpu", "tpot_ms", "ttft_ms",
+            "tokens_per_step", "step_ms", "memory_gib")
+    return {k: _round(p[k]) for k in keys if k in p}
+
+
+def _round(v):
+    return round(v, 3) if isinstance(v, float) else v
