@@ -9,8 +9,10 @@ get_result_dict. Its facts that this module encodes, each with the file it is re
 from __future__ import annotations
 
 import logging
+import functools
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from ...utils.errors import DFlashError
@@ -48,7 +50,7 @@ class _Sdk:
     build_ops_json: Any
 
 
-@dataclass
+@dataclass(eq=False)  # hashed by identity: a cache key of per-database answers
 class Database:
     """One system's silicon tables at one TensorRT-LLM version, and an op-level handle over them."""
 
@@ -64,12 +66,18 @@ class Database:
         return f"aiconfigurator-core SILICON {self.system} {BACKEND} {self.version}"
 
 
+def known_systems() -> list[str]:
+    """Systems with a spec and TensorRT-LLM data: aic: systems/<system>.yaml beside systems/data/<system>/<op>/
+    trtllm/ (perf_database.py get_systems_paths; its get_supported_databases parses every YAML: seconds)."""
+    roots = [Path(p) for p in sdk().perf_database.get_systems_paths()]
+    return sorted({spec.stem for root in roots for spec in root.glob("*.yaml")
+                   if any((root / "data" / spec.stem).glob(f"*/{BACKEND}"))})
+
+
 def system_name(gpu: str) -> str:
     """An AIConfigurator system with TensorRT-LLM data for `gpu` (h100 | h100_sxm | b300 | gb200 ...)."""
-    s = sdk()
     name = GPU_ALIASES.get(gpu.lower(), gpu.lower())
-    known = sorted(sys_ for sys_, backends in s.perf_database.get_supported_databases().items()
-                   if backends.get(BACKEND))
+    known = known_systems()
     if name not in known:
         raise DFlashError(f"--gpu {gpu!r}: AIConfigurator has no {BACKEND} data for it (known: {', '.join(known)})")
     return name
@@ -110,7 +118,7 @@ def build_target(model_id: str, tp: int, database: Database) -> TargetModel:
     try:
         is_moe = bool(s.models.check_is_moe(model_id))
         mc = s.config_builders.build_model_config(tp, 1, 1, 1 if is_moe else tp, tp if is_moe else 1)
-        s.models.resolve_context_fmha_by_data(mc, model_id, database.db, BACKEND, is_context_role=True)
+        mc.fmha_quant_mode = context_fmha(model_id, database)
         s.models.resolve_nvfp4_for_system(mc, database.system, model_id, backend_name=BACKEND)
         model = s.models.get_model(model_id, mc, BACKEND)
     except (AssertionError, ValueError, KeyError, OSError) as exc:
@@ -118,6 +126,21 @@ def build_target(model_id: str, tp: int, database: Database) -> TargetModel:
     # aic: models/base.py BaseModel.__init__ keeps the shapes as _hidden_size, _vocab_size, _num_layers
     facts = {"hidden_size": model._hidden_size, "vocab_size": model._vocab_size, "num_layers": model._num_layers}
     return TargetModel(model_id, tp, model, is_moe, facts)
+
+
+@functools.lru_cache(maxsize=None)
+def _context_fmha(model_id: str, database: Database):
+    s = sdk()
+    probe = s.config_builders.build_model_config(1, 1, 1, 1, 1)
+    s.models.resolve_context_fmha_by_data(probe, model_id, database.db, BACKEND, is_context_role=True)
+    return probe.fmha_quant_mode
+
+
+def context_fmha(model_id: str, database: Database):
+    """aic: models/helpers.py resolve_context_fmha_by_data: the context FMHA mode the database has data for. It
+    depends on the model and the database, not the layout, and costs seconds (it reads the version slots'
+    YAML): resolved once per model and database."""
+    return _context_fmha(model_id, database)
 
 
 @dataclass(frozen=True)
