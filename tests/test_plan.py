@@ -9,20 +9,20 @@ import pytest
 
 pytest.importorskip("aiconfigurator_core", reason="dflash-bench plan needs the plan extra (pip install '.[plan]')")
 
-from aiconfigurator_core.sdk import common, config_builders, models, perf_database  # noqa: E402
-from aiconfigurator_core.sdk import operations as ops  # noqa: E402
-from aiconfigurator_core.sdk.backends.factory import get_backend  # noqa: E402
-from aiconfigurator_core.sdk.config import RuntimeConfig  # noqa: E402
-from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json  # noqa: E402
+from aiconfigurator_core.sdk import common, config_builders, models, perf_database
+from aiconfigurator_core.sdk import operations as ops
+from aiconfigurator_core.sdk.backends.factory import get_backend
+from aiconfigurator_core.sdk.config import RuntimeConfig
+from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
 
-from trtllm_dflash.bench.plan import aic  # noqa: E402
-from trtllm_dflash.bench.plan.acceptance import acceptance_from_lengths, geometric, read_profile  # noqa: E402
-from trtllm_dflash.bench.plan.inputs import read_drafter  # noqa: E402
-from trtllm_dflash.bench.plan.search import point  # noqa: E402
-from trtllm_dflash.bench.plan.step import StepModel  # noqa: E402
-from trtllm_dflash.cli.bench import main  # noqa: E402
-from trtllm_dflash.draft_length.schedule import read_schedule  # noqa: E402
-from trtllm_dflash.utils.errors import DFlashError  # noqa: E402
+from trtllm_dflash.bench.plan import aic
+from trtllm_dflash.bench.plan.acceptance import acceptance_from_lengths, geometric, read_profile
+from trtllm_dflash.bench.plan.inputs import read_drafter
+from trtllm_dflash.bench.plan.search import point
+from trtllm_dflash.bench.plan.step import StepModel
+from trtllm_dflash.cli.bench import main
+from trtllm_dflash.draft_length.schedule import read_schedule
+from trtllm_dflash.utils.errors import DFlashError
 
 ROOT = Path(__file__).resolve().parents[1]
 QWEN_DRAFTER = ROOT / "benchmarks/results/plan/drafters/qwen3-8b-dflash-b16"

@@ -165,7 +165,7 @@ def run_plan_command(args: argparse.Namespace) -> int:
                     interactivity=numbers(args.interactivity, float, "--interactivity") or DEFAULT_LEVELS,
                     backend_version=args.backend_version,
                     batches=numbers(args.batches, int, "--batches") or DEFAULT_BATCHES, output=args.output)
-    plan, paths = run_plan(spec)
+    plan, _ = run_plan(spec)
     if args.json:
         print(json.dumps(plan, indent=1))
         return 0

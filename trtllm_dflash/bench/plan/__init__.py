@@ -18,9 +18,9 @@ from .search import Grid, best_at, frontier, layout_points, schedule_for
 
 FORMAT = "dflash-plan/1"
 MODEL_NOTES = (
-    "plain: AIConfigurator's static estimate (run_static mode 'static'); dflash: the same prefill, then steps of "
+    ("plain: AIConfigurator's static estimate (run_static mode 'static'); dflash: the same prefill, then steps of "
     "verify (the target's decode ops at b(k+1) queries) + drafter block pass + context-KV projection + sampling, "
-    "each op from the same database; tokens per step from the acceptance profile",
+    "each op from the same database; tokens per step from the acceptance profile"),
     "not modelled: scheduler and CUDA-graph overheads beyond AIConfigurator's, in-flight batching (static batches)",
 )
 

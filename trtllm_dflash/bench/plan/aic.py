@@ -8,8 +8,8 @@ get_result_dict. Its facts that this module encodes, each with the file it is re
 
 from __future__ import annotations
 
-import logging
 import functools
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,7 +128,7 @@ def build_target(model_id: str, tp: int, database: Database) -> TargetModel:
     return TargetModel(model_id, tp, model, is_moe, facts)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _context_fmha(model_id: str, database: Database):
     s = sdk()
     probe = s.config_builders.build_model_config(1, 1, 1, 1, 1)
@@ -189,5 +189,5 @@ def evaluate_ops(database: Database, ops: list, tokens: int, s_ctx: int) -> list
     if tokens <= 0 or not ops:
         return [(op._name, 0.0, "none") for op in ops]
     out = database.handle.evaluate_ops_json(sdk().build_ops_json(ops), is_context=False,
-                                            batch_size=int(math.ceil(tokens)), s=int(s_ctx))
+                                            batch_size=math.ceil(tokens), s=int(s_ctx))
     return [(name, float(ms), source) for name, ms, _energy, source in out]

@@ -123,7 +123,7 @@ class StepModel:
         for name, _ms, src in draft + ctx + sample:
             if src not in ("silicon", "none"):
                 flagged[name] = src
-        total = lambda rows: sum(ms for _n, ms, _s in rows)  # noqa: E731
+        total = lambda rows: sum(ms for _n, ms, _s in rows)
         return StepCost(verify, total(draft), total(ctx), total(sample), flagged)
 
     def prefill_extra_ms(self, batch: int) -> float:
