@@ -43,10 +43,10 @@ def aic_estimate(system: str, model_id: str, tp: int, batch: int, nextn: int = 0
     return summary.get_result_dict()
 
 
-def step_model(gpu: str, tp: int) -> StepModel:
+def step_model(gpu: str, tp: int, verify_attention: str = "per-query") -> StepModel:
     database = aic.open_database(gpu, "1.3.0rc20")
     drafter, _ = read_drafter(str(QWEN_DRAFTER))
-    return StepModel(aic.build_target(QWEN, tp, database), drafter, database, ISL, OSL)
+    return StepModel(aic.build_target(QWEN, tp, database), drafter, database, ISL, OSL, verify_attention)
 
 
 @pytest.mark.parametrize("gpu,system,tp,batches", [("h100", "h100_sxm", 1, (1, 8, 64)),
@@ -72,6 +72,14 @@ def test_verify_is_aiconfigurator_mtp_verify_without_its_layer_factor():
         verify = steps.cost(batch, k, 1.0).verify_ms
         assert verify == pytest.approx(mtp * layers / (layers + k), rel=0.01)
         assert verify > aic_estimate("h100_sxm", QWEN, 1, batch, mode="static_gen")["tpot"]
+
+
+def test_per_request_verify_attention_lies_between_plain_and_per_query():
+    per_query, per_request = step_model("h100", 1), step_model("h100", 1, "per-request")
+    for batch, k in ((1, 15), (64, 15)):
+        plain = per_query.cost(batch, 0, 1.0).total_ms
+        assert per_request.cost(batch, 0, 1.0).total_ms == plain
+        assert plain < per_request.cost(batch, k, 1.0).verify_ms < per_query.cost(batch, k, 1.0).verify_ms
 
 
 def test_drafter_cost_equals_the_database_queried_op_by_op():

@@ -82,6 +82,9 @@ def plan_flags(p: argparse.ArgumentParser) -> None:
                    "(default 1 2 4 ... 512)")
     p.add_argument("--backend-version", default="current", help="TensorRT-LLM version of AIConfigurator's data: "
                    "current (default), previous, next, or a version of its slots")
+    p.add_argument("--verify-attention", default="per-query", help="verify attention over k + 1 tokens a request: "
+                   "per-query (default: k + 1 decode queries, AIConfigurator's MTP convention, an upper bound) or "
+                   "per-request (one KV read a request, a lower bound)")
     p.add_argument("--output", help="directory for plan.json, points.csv, frontier.png and the schedule files")
     p.add_argument("--json", action="store_true", help="print plan.json on stdout")
 
@@ -164,7 +167,8 @@ def run_plan_command(args: argparse.Namespace) -> int:
                     osl=args.osl, tp=numbers(args.tp, int, "--tp"), acceptance=args.acceptance, tau=args.tau,
                     interactivity=numbers(args.interactivity, float, "--interactivity") or DEFAULT_LEVELS,
                     backend_version=args.backend_version,
-                    batches=numbers(args.batches, int, "--batches") or DEFAULT_BATCHES, output=args.output)
+                    batches=numbers(args.batches, int, "--batches") or DEFAULT_BATCHES,
+                    verify_attention=args.verify_attention, output=args.output)
     plan, _ = run_plan(spec)
     if args.json:
         print(json.dumps(plan, indent=1))

@@ -19,7 +19,7 @@ from .search import Grid, best_at, frontier, layout_points, schedule_for
 FORMAT = "dflash-plan/1"
 MODEL_NOTES = (
     ("plain: AIConfigurator's static estimate (run_static mode 'static'); dflash: the same prefill, then steps of "
-    "verify (the target's decode ops at b(k+1) queries) + drafter block pass + context-KV projection + sampling, "
+    "verify (the target's decode ops at b(k+1) queries; attention per --verify-attention) + drafter block pass + context-KV projection + sampling, "
     "each op from the same database; tokens per step from the acceptance profile"),
     "not modelled: scheduler and CUDA-graph overheads beyond AIConfigurator's, in-flight batching (static batches)",
 )
@@ -32,7 +32,7 @@ def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
     profile = acceptance_profile(spec, drafter)
     database = aic.open_database(spec.gpu, spec.backend_version)
     grid = Grid(target_id(spec.target), drafter, database, profile, spec.gpus, spec.tp_sizes(), spec.batches,
-                spec.isl, spec.osl)
+                spec.isl, spec.osl, spec.verify_attention)
     points = [p for tp in grid.tp_sizes for p in layout_points(grid, tp)]
     plain = [p for p in points if method(p) == "plain"]
     dflash = [p for p in points if method(p) == "dflash"]

@@ -169,17 +169,28 @@ def plain_estimate(target: TargetModel, database: Database, batch: int, isl: int
                          bool(summary.check_oom()), dict(summary.get_generation_source_dict() or {}))
 
 
-def decode_step_ms(target: TargetModel, database: Database, tokens: int, isl: int, osl: int) -> tuple[float, dict]:
-    """Mean decode-step latency (ms) of the target over `tokens` decode queries at once, over the contexts
-    isl .. isl + osl: run_static(mode "static_gen") at batch `tokens`. A verify of k + 1 tokens for each of b
-    requests is b(k + 1) decode queries, AIConfigurator's own modelling of MTP's verify (rust_engine_step.py:
-    "the (nextn + 1) decode-batch scaling") without its (L + nextn) / L MTP-layer compute factor
-    (models/helpers.py mtp_scale_factor): a DFlash drafter is not an MTP layer and is costed apart."""
+@dataclass(frozen=True)
+class DecodeStep:
+    """The target's mean decode step over `queries` decode queries, ms; `attention_ms` is its attention ops' share."""
+
+    queries: int
+    total_ms: float
+    attention_ms: float
+    sources: dict
+
+
+def decode_step(target: TargetModel, database: Database, queries: int, isl: int, osl: int) -> DecodeStep:
+    """Mean decode-step latency of the target over `queries` decode queries at once, over the contexts isl .. isl +
+    osl: run_static(mode "static_gen") at batch `queries`, its generation latency / (osl - 1). A verify of k + 1
+    tokens for each of b requests is b(k + 1) decode queries, AIConfigurator's own modelling of MTP's verify
+    (rust_engine_step.py: "the (nextn + 1) decode-batch scaling") without its (L + nextn) / L MTP-layer compute
+    factor (models/helpers.py mtp_scale_factor): a DFlash drafter is not an MTP layer and is costed apart."""
     s = sdk()
     summary = s.get_backend(BACKEND).run_static(target.model, database.db,
-                                                s.RuntimeConfig(batch_size=tokens, isl=isl, osl=osl), "static_gen")
-    r = summary.get_result_dict()
-    return r["tpot"], dict(summary.get_generation_source_dict() or {})
+                                                s.RuntimeConfig(batch_size=queries, isl=isl, osl=osl), "static_gen")
+    r, per_op = summary.get_result_dict(), summary.get_generation_latency_dict()
+    attention = sum(ms for name, ms in per_op.items() if "attention" in name) / (osl - 1)
+    return DecodeStep(queries, r["tpot"], attention, dict(summary.get_generation_source_dict() or {}))
 
 
 def evaluate_ops(database: Database, ops: list, tokens: int, s_ctx: int) -> list[tuple[str, float, str]]:

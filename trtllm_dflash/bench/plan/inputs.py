@@ -8,6 +8,7 @@ from pathlib import Path
 from ...config.model import DrafterConfig, read_config_json
 from ...utils.errors import DFlashError
 from .acceptance import AcceptanceProfile, geometric, read_profile
+from .step import VERIFY_ATTENTION
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 DEFAULT_LEVELS = (50.0, 100.0, 200.0, 300.0, 500.0)
@@ -29,6 +30,7 @@ class PlanSpec:
     interactivity: tuple[float, ...] = DEFAULT_LEVELS  # tok/s/user floors of the table
     backend_version: str = "current"  # a TensorRT-LLM version slot of AIConfigurator's database
     batches: tuple[int, ...] = DEFAULT_BATCHES          # running batch sizes per replica
+    verify_attention: str = "per-query"  # how verify attention reads the KV cache (step.VERIFY_ATTENTION)
     output: str | None = None
     extra: dict = field(default_factory=dict, compare=False)
 
@@ -45,6 +47,8 @@ class PlanSpec:
             raise DFlashError(f"--tp {bad[0]} must divide --gpus {self.gpus}")
         if not self.batches or min(self.batches) < 1:
             raise DFlashError(f"--batches must be positive, got {list(self.batches)}")
+        if self.verify_attention not in VERIFY_ATTENTION:
+            raise DFlashError(f"--verify-attention {self.verify_attention!r}: choose {' or '.join(VERIFY_ATTENTION)}")
         if not self.interactivity or min(self.interactivity) <= 0:
             raise DFlashError(f"--interactivity must be positive tok/s/user, got {list(self.interactivity)}")
 

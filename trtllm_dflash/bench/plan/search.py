@@ -34,6 +34,7 @@ class Grid:
     batches: tuple[int, ...]
     isl: int
     osl: int
+    verify_attention: str = "per-query"
 
 
 def point(tp: int, replicas: int, batch: int, k: int, tpot_ms: float, ttft_ms: float, osl: int, **extra) -> dict:
@@ -46,7 +47,7 @@ def point(tp: int, replicas: int, batch: int, k: int, tpot_ms: float, ttft_ms: f
 def layout_points(grid: Grid, tp: int) -> list[dict]:
     """Every (batch, k) point of one TP layout, plain (k = 0) and DFlash (k = 1 .. block_size - 1)."""
     target = aic.build_target(grid.target, tp, grid.database)
-    steps = StepModel(target, grid.drafter, grid.database, grid.isl, grid.osl)
+    steps = StepModel(target, grid.drafter, grid.database, grid.isl, grid.osl, grid.verify_attention)
     sm = grid.database.db.system_spec["gpu"]["sm_version"]
     replicas, out = grid.gpus // tp, []
     for batch in grid.batches:

@@ -1,7 +1,10 @@
 """What one DFlash decode step costs at batch b and draft length k, from AIConfigurator's silicon data.
 
 A step (dflash.md, "Generation loop"; TensorRT-LLM's DFlash worker) runs, per request:
-- verify: the target over k + 1 tokens (the anchor and k drafts): `aic.decode_step_ms` at b(k + 1) queries;
+- verify: the target over k + 1 tokens (the anchor and k drafts): `aic.decode_step` at b(k + 1) queries. Its
+  attention either as b(k + 1) decode queries each reading its request's KV (VERIFY_ATTENTION "per-query",
+  AIConfigurator's MTP convention, the default: an upper bound), or as one KV read per request ("per-request":
+  the decode attention of b queries, a lower bound; TensorRT-LLM's multi-token decode kernels lie between);
 - draft: the drafter over its block of k + 1 tokens, every layer's GEMMs, non-causal attention over the injected
   context and the block, the target's embedding of the block and its lm_head over the k drafted slots;
 - context KV: the `fc` fusion of the captured target hidden states and every drafter layer's K/V projection of the
@@ -23,6 +26,7 @@ from ...config.model import DrafterConfig
 from . import aic
 
 PARTS = ("verify_ms", "draft_ms", "context_kv_ms", "sampling_ms")
+VERIFY_ATTENTION = ("per-query", "per-request")
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class StepModel:
     database: aic.Database
     isl: int
     osl: int
+    verify_attention: str = "per-query"
 
     def __post_init__(self):
         tp, vocab = self.target.tp, self.target.facts["vocab_size"]
@@ -109,9 +114,22 @@ class StepModel:
         self.ctx_ops = context_kv_ops(self.drafter, tp)
         self.sample_ops = sampling_ops(vocab, tp)
         self.s_mid = self.isl + self.osl // 2 + 1  # aic: the context of the mean decode step (rust_engine_step.py)
+        self._steps: dict[int, aic.DecodeStep] = {}  # decode queries -> step: b(k + 1) repeats across (b, k)
+
+    def decode(self, queries: int) -> aic.DecodeStep:
+        if queries not in self._steps:
+            self._steps[queries] = aic.decode_step(self.target, self.database, queries, self.isl, self.osl)
+        return self._steps[queries]
+
+    def verify(self, batch: int, k: int) -> tuple[float, dict]:
+        """(ms, op sources) of the target's pass over b(k + 1) tokens."""
+        step = self.decode(batch * (k + 1))
+        if self.verify_attention == "per-query" or k == 0:
+            return step.total_ms, step.sources
+        return step.total_ms - step.attention_ms + self.decode(batch).attention_ms, step.sources
 
     def cost(self, batch: int, k: int, tokens_per_step: float) -> StepCost:
-        verify, sources = aic.decode_step_ms(self.target, self.database, batch * (k + 1), self.isl, self.osl)
+        verify, sources = self.verify(batch, k)
         flagged = {f"target:{name}": src for name, src in sources.items() if src != "silicon"}
         if k == 0:
             return StepCost(verify, 0.0, 0.0, 0.0, flagged)
