@@ -84,7 +84,7 @@ def plan_flags(p: argparse.ArgumentParser) -> None:
                    "current (default), previous, next, or a version of its slots")
     p.add_argument("--verify-attention", default="per-query", help="verify attention over k + 1 tokens a request: "
                    "per-query (default: k + 1 decode queries, AIConfigurator's MTP convention, an upper bound) or "
-                   "per-request (one KV read a request, a lower bound)")
+                   "per-request (one KV read a request, a lower bound); the drafter's attention likewise")
     p.add_argument("--output", help="directory for plan.json, points.csv, frontier.png and the schedule files")
     p.add_argument("--json", action="store_true", help="print plan.json on stdout")
 

@@ -5,6 +5,7 @@ A step (dflash.md, "Generation loop"; TensorRT-LLM's DFlash worker) runs, per re
   attention either as b(k + 1) decode queries each reading its request's KV (VERIFY_ATTENTION "per-query",
   AIConfigurator's MTP convention, the default: an upper bound), or as one KV read per request ("per-request":
   the decode attention of b queries, a lower bound; TensorRT-LLM's multi-token decode kernels lie between);
+  the drafter's attention follows the same choice;
 - draft: the drafter over its block of k + 1 tokens, every layer's GEMMs, non-causal attention over the injected
   context and the block, the target's embedding of the block and its lm_head over the k drafted slots;
 - context KV: the `fc` fusion of the captured target hidden states and every drafter layer's K/V projection of the
@@ -109,7 +110,9 @@ class StepModel:
     def __post_init__(self):
         tp, vocab = self.target.tp, self.target.facts["vocab_size"]
         kv_quant = self.target.model.config.kvcache_quant_mode
-        self.layer_ops = drafter_layer_ops(self.drafter, tp, kv_quant)
+        layer_ops = drafter_layer_ops(self.drafter, tp, kv_quant)
+        self.attention_ops = [op for op in layer_ops if op._name == "drafter_attention"]
+        self.layer_ops = [op for op in layer_ops if op._name != "drafter_attention"]
         self.embed_ops, self.head_ops = drafter_io_ops(self.drafter, vocab, tp)
         self.ctx_ops = context_kv_ops(self.drafter, tp)
         self.sample_ops = sampling_ops(vocab, tp)
@@ -135,6 +138,8 @@ class StepModel:
             return StepCost(verify, 0.0, 0.0, 0.0, flagged)
         db, block = self.database, batch * (k + 1)
         draft = aic.evaluate_ops(db, self.embed_ops + self.layer_ops, block, self.s_mid + k + 1)
+        reads = block if self.verify_attention == "per-query" else batch  # KV reads, as for the verify
+        draft += aic.evaluate_ops(db, self.attention_ops, reads, self.s_mid + k + 1)
         draft += aic.evaluate_ops(db, self.head_ops, batch * k, self.s_mid)
         ctx = aic.evaluate_ops(db, self.ctx_ops, batch * tokens_per_step, self.s_mid)
         sample = aic.evaluate_ops(db, self.sample_ops, 2 * batch * k, self.s_mid)
