@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...config.model import DrafterConfig, read_config_json
@@ -32,7 +32,6 @@ class PlanSpec:
     batches: tuple[int, ...] = DEFAULT_BATCHES          # running batch sizes per replica
     verify_attention: str = "per-query"  # how verify attention reads the KV cache (step.VERIFY_ATTENTION)
     output: str | None = None
-    extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         for name in ("gpus", "isl", "osl"):
@@ -56,9 +55,7 @@ class PlanSpec:
         return self.tp or tuple(t for t in (1, 2, 4, 8, 16, 32, 64) if t <= self.gpus and self.gpus % t == 0)
 
     def to_dict(self) -> dict:
-        data = asdict(self)
-        data.pop("extra")
-        return {**data, "tp": list(self.tp_sizes()), **self.extra}
+        return {**asdict(self), "tp": list(self.tp_sizes())}
 
 
 def read_drafter(where: str) -> tuple[DrafterConfig, str]:
