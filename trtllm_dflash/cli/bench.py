@@ -193,7 +193,8 @@ def run(argv: list[str] | None) -> int:
         return run_tune_command(args)
     if args.command == "plan":
         return run_plan_command(args)
-    raise DFlashError("choose a command: sweep, report, tune or plan (dflash-bench sweep --help)")
+    raise DFlashError("choose a command: sweep, report or tune (measured runs: dflash-bench sweep --help), or plan "
+                      "(a projection: dflash-bench plan --help)")
 
 
 def main(argv: list[str] | None = None) -> int:
