@@ -165,3 +165,12 @@ def test_plan_files_and_json(tmp_path, capsys):
     assert (out_dir / "frontier.png").stat().st_size > 0 and (out_dir / "points.csv").read_text().count("\n") > 3
     assert math.isclose(plan["inputs"]["acceptance_per_position"][0], geometric(6.49, 16).per_position[0],
                         rel_tol=1e-3)
+
+
+def test_without_aiconfigurator_one_line_names_the_extra(monkeypatch, capsys):
+    import sys
+
+    for name in [n for n in sys.modules if n.split(".")[0] == "aiconfigurator_core"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    code, out = run_cli(capsys, "--gpu", "h100", "--tau", "5")
+    assert code == 2 and out.err.count("\n") == 1 and "pip install '.[plan]'" in out.err
