@@ -1,7 +1,7 @@
 """The AIConfigurator adapter: its silicon database, its target models, its plain-decoding estimate and op queries.
 
 Every call here is aiconfigurator-core 0.12.0's SDK (ai-dynamo/aiconfigurator, package aiconfigurator_core/sdk),
-the path its `cli estimate` takes: resolve_query_version -> get_database_view(SILICON) -> build_model_config ->
+the path its `cli_estimate(mode="static")` takes (src/aiconfigurator/cli/api.py): resolve_query_version -> get_database_view(SILICON) -> build_model_config ->
 resolve_context_fmha_by_data / resolve_nvfp4_for_system -> get_model -> get_backend("trtllm").run_static ->
 get_result_dict. Its facts that this module encodes, each with the file it is read from, are marked `aic:`.
 """
@@ -111,7 +111,9 @@ class TargetModel:
 
 
 def build_target(model_id: str, tp: int, database: Database) -> TargetModel:
-    """aic: config_builders.build_model_config(tp, pp, attention_dp, moe_tp, moe_ep); models.get_model.
+    """aic: config_builders.build_model_config(tp, pp, attention_dp, moe_tp, moe_ep); the estimate path's
+    resolve_context_fmha_by_data, resolve_dsv4_moe_arch, resolve_nvfp4_for_system (ai-dynamo/aiconfigurator
+    src/aiconfigurator/cli/api.py, _run_static_estimate, which core 0.12.0's SDK serves); models.get_model.
     MoE experts are split by expert parallelism (moe_tp 1, moe_ep tp): gpt-oss's MXFP4 MoE (w4a16_mxfp4) has
     silicon data only for that split (other splits raise PerfDataNotAvailableError)."""
     s = sdk()
@@ -119,6 +121,7 @@ def build_target(model_id: str, tp: int, database: Database) -> TargetModel:
         is_moe = bool(s.models.check_is_moe(model_id))
         mc = s.config_builders.build_model_config(tp, 1, 1, 1 if is_moe else tp, tp if is_moe else 1)
         mc.fmha_quant_mode = context_fmha(model_id, database)
+        s.models.resolve_dsv4_moe_arch(mc, model_id, system_name=database.system, backend_name=BACKEND)
         s.models.resolve_nvfp4_for_system(mc, database.system, model_id, backend_name=BACKEND)
         model = s.models.get_model(model_id, mc, BACKEND)
     except (AssertionError, ValueError, KeyError, OSError) as exc:
