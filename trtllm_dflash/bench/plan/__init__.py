@@ -17,6 +17,11 @@ from .outputs import build_command, frontier_entry, method, schedule_name, write
 from .search import Grid, best_at, frontier, layout_points, schedule_for
 
 FORMAT = "dflash-plan/1"
+# aic: performance_result.py PerformanceResult.source
+SOURCES_NOTE = ("op -> AIConfigurator's data source where it is not 'silicon' (its measured tables, interpolated "
+                "between their rows): 'empirical' is its formula fallback where no table covers the op or shape, "
+                "'sol' a speed-of-light estimate, 'estimated' modelled from measured parts, 'mixed' a sum of parts "
+                "from different sources")
 MODEL_NOTES = (
     ("plain: AIConfigurator's static estimate (run_static mode 'static'); dflash: the same prefill, then steps of "
     "verify (the target's decode ops at b(k+1) queries; attention per --verify-attention) + drafter block pass + context-KV projection + sampling, "
@@ -34,50 +39,50 @@ def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
     grid = Grid(target_id(spec.target), drafter, database, profile, spec.gpus, spec.tp_sizes(), spec.batches,
                 spec.isl, spec.osl, spec.verify_attention)
     points = [p for tp in grid.tp_sizes for p in layout_points(grid, tp)]
-    plain = [p for p in points if method(p) == "plain"]
-    dflash = [p for p in points if method(p) == "dflash"]
-    source = f"dflash-bench plan: {database.label}, acceptance {profile.source}"
     schedules: dict = {}
-    rows = []
-    for level in spec.interactivity:
-        best_plain, best_dflash = best_at(plain, level), best_at(dflash, level)
-        config = None
-        if best_dflash:
-            tp = best_dflash["tp"]
-            if tp not in schedules:
-                schedules[tp] = schedule_for(points, tp, source)
-            out_dir = Path(spec.output or ".")
-            config = {**_config(best_dflash), "draft_len_schedule": schedule_name(tp) if schedules[tp] else None,
-                      "build_command": build_command(spec, best_dflash, schedules[tp], out_dir)}
-        rows.append({"tok_s_user": level,
-                     "plain_tok_s_gpu": _round(best_plain and best_plain["tok_s_gpu"]),
-                     "dflash_tok_s_gpu": _round(best_dflash and best_dflash["tok_s_gpu"]),
-                     "ratio": _round(best_dflash["tok_s_gpu"] / best_plain["tok_s_gpu"])
-                     if best_plain and best_dflash else None,
-                     "config": config, "plain_config": _config(best_plain) if best_plain else None})
-    flagged = {name: src for p in points for name, src in (p.get("flagged_ops") or {}).items()}
+    rows = [table_row(spec, points, level, schedules, f"dflash-bench plan: {database.label}, acceptance "
+                      f"{profile.source}") for level in spec.interactivity]
     plan = {
         "format": FORMAT,
         "inputs": {**spec.to_dict(), "target_model": grid.target, "drafter_config": drafter_source,
-                   "drafter": {"method": "dflash", "layers": drafter.num_hidden_layers,
-                               "hidden_size": drafter.hidden_size, "block_size": drafter.block_size,
-                               "target_layer_ids": list(drafter.target_layer_ids)},
+                   "drafter_shape": {"method": "dflash", "layers": drafter.num_hidden_layers,
+                                     "hidden_size": drafter.hidden_size, "block_size": drafter.block_size,
+                                     "target_layer_ids": list(drafter.target_layer_ids)},
                    "acceptance_per_position": [round(a, 4) for a in profile.per_position]},
-        "provenance": {"database": database.label, "system": database.system, "backend": aic.BACKEND,
-                       "backend_version": database.version, "requested_version": database.requested,
-                       "acceptance": profile.source, "model": list(MODEL_NOTES),
-                       "ops_not_silicon": dict(sorted(flagged.items())),
-                       "ops_not_silicon_note": "op -> AIConfigurator's data source where it is not a direct silicon "
-                                               "measurement (mixed: interpolated between measured rows; empirical: "
-                                               "its fitted model, for shapes outside the tables)"},
-        "frontier": {"plain": [frontier_entry(p) for p in frontier(plain)],
-                     "dflash": [frontier_entry(p) for p in frontier(dflash)]},
+        "provenance": provenance(database, profile, points),
+        "frontier": {name: [frontier_entry(p) for p in frontier([p for p in points if method(p) == name])]
+                     for name in ("plain", "dflash")},
         "at_interactivity": rows,
         "draft_len_schedules": {str(tp): s.as_option() if s else None for tp, s in sorted(schedules.items())},
         "points": len(points),
         "run_seconds": round(time.monotonic() - started, 2),
     }
     return plan, points, {tp: s for tp, s in schedules.items() if s}
+
+
+def table_row(spec: PlanSpec, points: list[dict], level: float, schedules: dict, source: str) -> dict:
+    """The best plain and DFlash configurations at or above `level` tok/s/user; fills `schedules` per winning TP."""
+    best_plain = best_at([p for p in points if method(p) == "plain"], level)
+    best_dflash = best_at([p for p in points if method(p) == "dflash"], level)
+    config = None
+    if best_dflash:
+        tp = best_dflash["tp"]
+        if tp not in schedules:
+            schedules[tp] = schedule_for(points, tp, source)
+        config = {**_config(best_dflash), "draft_len_schedule": schedule_name(tp) if schedules[tp] else None,
+                  "build_command": build_command(spec, best_dflash, schedules[tp], Path(spec.output or "."))}
+    ratio = best_dflash["tok_s_gpu"] / best_plain["tok_s_gpu"] if best_plain and best_dflash else None
+    return {"tok_s_user": level, "plain_tok_s_gpu": _round(best_plain and best_plain["tok_s_gpu"]),
+            "dflash_tok_s_gpu": _round(best_dflash and best_dflash["tok_s_gpu"]), "ratio": _round(ratio),
+            "config": config, "plain_config": _config(best_plain) if best_plain else None}
+
+
+def provenance(database: aic.Database, profile, points: list[dict]) -> dict:
+    flagged = {name: src for p in points for name, src in (p.get("flagged_ops") or {}).items()}
+    return {"database": database.label, "system": database.system, "backend": aic.BACKEND,
+            "backend_version": database.version, "requested_version": database.requested,
+            "acceptance": profile.source, "model": list(MODEL_NOTES),
+            "ops_not_silicon": dict(sorted(flagged.items())), "ops_not_silicon_note": SOURCES_NOTE}
 
 
 def run_plan(spec: PlanSpec) -> tuple[dict, list[Path]]:
