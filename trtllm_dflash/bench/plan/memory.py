@@ -4,7 +4,7 @@ Plain decoding's footprint (weights, KV cache of batch x (isl + osl) tokens, act
 AIConfigurator's (inference_summary.get_memory, GiB). DFlash adds, per GPU:
 - the drafter's weights, bfloat16, split over the TP ranks (its embedding and lm_head are the target's);
 - the DFlash context arena, as `dflash-build`'s memory plan sizes it for the TensorRT-LLM release
-  (builder.trtllm_memory.ctx_arena_bytes, context_rules: the release's paged/managed rules);
+  (its ctx_arena_bytes and context_rules: the release's paged/managed rules);
 - the hidden-state capture buffer, [max_num_tokens, hidden x len(target_layer_ids)] in bfloat16.
 A point whose total exceeds the GPU's capacity is out of memory and leaves the frontier.
 """
