@@ -6,6 +6,7 @@
 # too: its metadata asks for numpy>=2 (see above), torchvision/torchaudio (CUDA wheels that would replace the CPU
 # torch) and transformers<=5.19 (the suite runs 5.23, which its DFlash classes work with: tested). What its import
 # needs besides is in the test extra.
+# aiconfigurator-core (dflash-bench plan) is --no-deps too: its metadata asks numpy>=2.1; it runs with 1.26, same estimates.
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
@@ -17,7 +18,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH)" "numpy<2"
 	$(PY) -m pip install -q -e ".[test]" "numpy<2"
-	$(PY) -m pip install -q --no-deps nvidia-pytriton==0.7.0 speculators==0.9.0 hs-connectors==0.9.0
+	$(PY) -m pip install -q --no-deps nvidia-pytriton==0.7.0 speculators==0.9.0 hs-connectors==0.9.0 \
+		aiconfigurator-core==0.12.0
 	touch $@
 
 demo: $(VENV)/.installed

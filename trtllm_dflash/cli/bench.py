@@ -1,4 +1,5 @@
-"""dflash-bench: `sweep` a served model over load points, `report` runs as frontiers and tables.
+"""dflash-bench: `sweep` a served model over load points, `report` runs as frontiers and tables, `plan` a
+deployment from AIConfigurator's silicon data before the hardware is at hand.
 
 Exit status: 0 done; 1 the sweep was cut short (the server died; partial results are kept), or a
 point had no successful request (the most common error is printed; results are kept); 2 bad input
@@ -61,6 +62,33 @@ def tune_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output", required=True, help="the draft_len_schedule file to write (YAML)")
 
 
+def plan_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="target: an AIConfigurator model id (Qwen/Qwen3-8B, "
+                   "openai/gpt-oss-120b, ...) or a directory with its config.json")
+    p.add_argument("--drafter", required=True, help="DFlash drafter directory (its config.json)")
+    p.add_argument("--gpu", required=True, help="AIConfigurator system: h100_sxm, h200_sxm, b200_sxm, b300_sxm, "
+                   "gb200, gb300 (or h100, h200, b200, b300)")
+    p.add_argument("--gpus", type=int, required=True, help="GPUs of the node: TP x replicas")
+    p.add_argument("--tp", nargs="+", metavar="N", help="TP sizes to try (default: every power of two dividing --gpus)")
+    p.add_argument("--isl", type=int, default=1024, help="input tokens a request (default 1024)")
+    p.add_argument("--osl", type=int, default=1024, help="output tokens a request (default 1024)")
+    p.add_argument("--acceptance", metavar="FILE", help="per-position acceptance profile (JSON, format "
+                   "dflash-acceptance-profile/1: docs/benchmarking.md)")
+    p.add_argument("--tau", type=float, help="instead: mean acceptance length at the drafter's block size (bonus "
+                   "token included), with a geometric profile")
+    p.add_argument("--interactivity", nargs="+", metavar="TOK_S", help="tok/s/user floors of the table "
+                   "(default 50 100 200 300 500)")
+    p.add_argument("--batches", nargs="+", metavar="B", help="running batch sizes per replica "
+                   "(default 1 2 4 ... 512)")
+    p.add_argument("--backend-version", default="current", help="TensorRT-LLM version of AIConfigurator's data: "
+                   "current (default), previous, next, or a version of its slots")
+    p.add_argument("--verify-attention", default="per-query", help="verify attention over k + 1 tokens a request: "
+                   "per-query (default: k + 1 decode queries, AIConfigurator's MTP convention, an upper bound) or "
+                   "per-request (one KV read a request, a lower bound); the drafter's attention likewise")
+    p.add_argument("--output", help="directory for plan.json, points.csv, frontier.png and the schedule files")
+    p.add_argument("--json", action="store_true", help="print plan.json on stdout")
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Benchmark a served model at fixed load points; report throughput per GPU "
                                       "at fixed interactivity.")
@@ -69,6 +97,8 @@ def parser() -> argparse.ArgumentParser:
     report_flags(sub.add_parser("report", help="frontiers, table and plots of one or more runs"))
     tune_flags(sub.add_parser("tune", help="a draft_len_schedule (concurrency -> draft length) from sweeps at fixed "
                                            "draft lengths, for dflash-build --backend trtllm --draft-len-schedule"))
+    plan_flags(sub.add_parser("plan", help="project plain decoding's and DFlash's throughput at fixed interactivity "
+                                           "from AIConfigurator's silicon data (needs the plan extra)"))
     return p
 
 
@@ -118,6 +148,40 @@ def run_tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def numbers(values: list[str] | None, kind: type, flag: str) -> tuple:
+    """`--tp 1 2 4` or `--tp 1,2,4`."""
+    try:
+        return tuple(kind(v) for item in values or () for v in item.split(",") if v)
+    except ValueError:
+        raise DFlashError(f"{flag}: expected numbers, got {' '.join(values)!r}") from None
+
+
+def run_plan_command(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from ..bench.plan import run_plan
+    from ..bench.plan.inputs import DEFAULT_BATCHES, DEFAULT_LEVELS, PlanSpec
+
+    spec = PlanSpec(target=args.target, drafter=args.drafter, gpu=args.gpu, gpus=args.gpus, isl=args.isl,
+                    osl=args.osl, tp=numbers(args.tp, int, "--tp"), acceptance=args.acceptance, tau=args.tau,
+                    interactivity=numbers(args.interactivity, float, "--interactivity") or DEFAULT_LEVELS,
+                    backend_version=args.backend_version,
+                    batches=numbers(args.batches, int, "--batches") or DEFAULT_BATCHES,
+                    verify_attention=args.verify_attention, output=args.output)
+    plan, _ = run_plan(spec)
+    if args.json:
+        print(json.dumps(plan, indent=1))
+        return 0
+    for row in plan["at_interactivity"]:
+        c = row["config"]
+        best = f"TP{c['tp']} x{c['replicas']}, batch {c['batch']}, k {c['draft_len']}" if c else "unreachable"
+        print(f">= {row['tok_s_user']:g} tok/s/user: plain {row['plain_tok_s_gpu']}, dflash {row['dflash_tok_s_gpu']} "
+              f"tok/s/GPU (ratio {row['ratio']}; {best})")
+    print(f"plan: {Path(args.output) / 'plan.json' if args.output else '(no --output)'} ({plan['provenance']['database']}, {plan['run_seconds']} s)")
+    return 0
+
+
 def run(argv: list[str] | None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
@@ -127,7 +191,10 @@ def run(argv: list[str] | None) -> int:
         return run_report_command(args)
     if args.command == "tune":
         return run_tune_command(args)
-    raise DFlashError("choose a command: sweep, report or tune (dflash-bench sweep --help)")
+    if args.command == "plan":
+        return run_plan_command(args)
+    raise DFlashError("choose a command: sweep, report or tune (measured runs: dflash-bench sweep --help), or plan "
+                      "(a projection: dflash-bench plan --help)")
 
 
 def main(argv: list[str] | None = None) -> int:

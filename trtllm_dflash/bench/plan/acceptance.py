@@ -1,0 +1,105 @@
+"""Tokens a DFlash step commits, from an acceptance profile.
+
+A profile holds per-position conditional acceptance rates a_1..a_n: a_i is the probability that draft
+position i is accepted given that positions 1..i-1 were (the longest-prefix rule of speculative decoding).
+A step that drafts k tokens then commits, in expectation (the bonus token included),
+
+    E[tokens | k] = 1 + sum_{i=1..k} prod_{j=1..i} a_j          (1 <= E <= k + 1)
+
+Profile file (JSON; what `acceptance_from_lengths` computes from per-step acceptance lengths):
+
+    {"format": "dflash-acceptance-profile/1",
+     "per_position": [0.92, 0.88, 0.85, ...],      # a_1..a_n, each in [0, 1]; n >= the draft lengths planned
+     "source": "dflash-generate --json, Qwen3-8B, MT-Bench, T=0"}   # optional free text
+
+`--tau T` instead states the geometric model: one rate a for every position, solved so that drafting
+block_size - 1 tokens gives E = T (T = mean acceptance length, bonus token included, as DFlash's papers
+report it). It is a model, not a measurement: measured profiles fall faster at deep positions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...utils.errors import DFlashError
+
+FORMAT = "dflash-acceptance-profile/1"
+FILE_KEYS = ("format", "per_position", "source")
+
+
+@dataclass(frozen=True)
+class AcceptanceProfile:
+    """Conditional per-position acceptance rates and where they came from."""
+
+    per_position: tuple[float, ...]
+    source: str
+
+    def __post_init__(self):
+        if not self.per_position:
+            raise DFlashError(f"acceptance profile ({self.source}): per_position is empty")
+        bad = [a for a in self.per_position if not 0.0 <= a <= 1.0]
+        if bad:
+            raise DFlashError(f"acceptance profile ({self.source}): rates must lie in [0, 1], got {bad[0]!r}")
+
+    def tokens_per_step(self, k: int) -> float:
+        """E[tokens committed | k drafted], bonus token included."""
+        if k > len(self.per_position):
+            raise DFlashError(f"acceptance profile ({self.source}) covers {len(self.per_position)} positions; "
+                              f"draft length {k} needs more")
+        total, reach = 1.0, 1.0
+        for a in self.per_position[:k]:
+            reach *= a
+            total += reach
+        return total
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "per_position": list(self.per_position), "source": self.source}
+
+
+def geometric(tau: float, block_size: int) -> AcceptanceProfile:
+    """The constant rate a with 1 + a + ... + a^(B-1) = tau (bisection: E grows with a)."""
+    if not 1.0 <= tau <= block_size:
+        raise DFlashError(f"--tau {tau} must lie in [1, block size {block_size}] (it counts the bonus token)")
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if sum(mid ** i for i in range(block_size)) < tau else (lo, mid)
+    rate = (lo + hi) / 2
+    return AcceptanceProfile((rate,) * (block_size - 1), f"--tau {tau:g}: geometric model, rate {rate:.4f} "
+                                                          f"at every position (block size {block_size})")
+
+
+def read_profile(path: str | Path) -> AcceptanceProfile:
+    """Read and validate a profile file; errors name the file."""
+    name = str(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise DFlashError(f"no such acceptance file: {name}") from None
+    except (OSError, ValueError) as exc:
+        raise DFlashError(f"{name}: not a JSON acceptance profile ({exc})") from None
+    if not isinstance(data, dict) or "per_position" not in data:
+        raise DFlashError(f"{name}: an acceptance profile is an object with 'per_position' (format {FORMAT})")
+    unknown = sorted(str(k) for k in data if k not in FILE_KEYS)
+    if unknown:
+        raise DFlashError(f"{name}: unknown key {unknown[0]!r} (known: {', '.join(FILE_KEYS)})")
+    if data.get("format", FORMAT) != FORMAT:
+        raise DFlashError(f"{name}: format {data['format']!r} is not supported (this tool reads {FORMAT})")
+    rates = data["per_position"]
+    if not isinstance(rates, list) or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in rates):
+        raise DFlashError(f"{name}: per_position must be a list of numbers, got {rates!r}")
+    return AcceptanceProfile(tuple(float(a) for a in rates), f"{name}: {data.get('source') or 'measured profile'}")
+
+
+def acceptance_from_lengths(lengths: Iterable[int], draft_len: int, source: str) -> AcceptanceProfile:
+    """Per-position rates from per-step acceptance lengths (tokens committed, bonus included, 1..draft_len + 1)
+    of steps that drafted `draft_len` tokens: a_i = #(length > i) / #(length > i - 1)."""
+    lengths = [int(n) for n in lengths]
+    if not lengths or any(not 1 <= n <= draft_len + 1 for n in lengths):
+        raise DFlashError(f"acceptance lengths must be 1..{draft_len + 1} (bonus token included)")
+    reached = [sum(n > i for n in lengths) for i in range(draft_len + 1)]
+    return AcceptanceProfile(tuple(reached[i] / reached[i - 1] if reached[i - 1] else 0.0
+                                   for i in range(1, draft_len + 1)), source)
