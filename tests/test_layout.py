@@ -21,8 +21,9 @@ FLOORS = [
     ["models"],
     ["checkpoint", "speculative"],
     ["engine"],
-    ["builder", "bench"],
-    ["serve", "train"],
+    ["builder"],
+    ["bench", "serve"],
+    ["train"],
     ["pairs"],
     ["cli"],
 ]

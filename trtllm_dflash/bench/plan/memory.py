@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from ...builder.trtllm_memory import GIB, MemoryInputs, context_rules, ctx_arena_bytes
+from ...builder.trtllm.memory import GIB, MemoryInputs, context_rules, ctx_arena_bytes
 from ...config.model import DrafterConfig
 
 BF16 = 2
