@@ -48,7 +48,7 @@ OWN_PROBES = 1.5
 # of its mean rates at the accepted positions) ages that evidence by the plain run before it counts
 # (`AcceptanceModel.age`): it says the request changed since. Alone only: in a greedy replay of 16 held-out prompts
 # in waves of 4 on a calibrated step-cost table, ageing at batches of 2-4 as well cost 2 % of the modelled rate (a
-# probe's ageing made the whole batch explore). At 0.2 the hard long requests of tests/test_draft_length.py (alpha_1
+# probe's ageing made the whole batch explore). At 0.2 the hard long requests of tests/draft_length/test_acceptance_model.py (alpha_1
 # 0.3) aged at their lucky probes and explored: 0.961-0.964 of plain's rate over three seeds against 0.964-0.972
 # without ageing; at 0.1, 0.967-0.972, the same as without. Batch 1, one thread: auto 1.12x -> 1.16x always 15, the
 # prompt that had dropped the drafter's context after its hard opening at tau 1.02 -> 2.95 (15: 3.63)
@@ -62,7 +62,7 @@ SURPRISE = 0.1
 # (`python benchmarks/serve_dflash_vs_plain.py --repeats 9 --warmup 4 --contexts short`, one run per value,
 # 2026-11-26, the margin then at every batch size). Small batches keep no margin: they are where requests explore
 # (newcomer probes, optimistic estimates), and a margin there let one early rejection of a drafter whose first
-# draft is a coin flip hold it to plain steps for most of a request (tests/test_draft_length.py).
+# draft is a coin flip hold it to plain steps for most of a request (tests/draft_length/test_policy.py).
 MIN_GAIN = 1.25
 
 
