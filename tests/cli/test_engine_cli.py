@@ -10,6 +10,7 @@ import pytest
 
 from trtllm_dflash.pairs import stdlib_pair
 
+pytestmark = pytest.mark.slow  # each check a fresh process
 MAX_SEQ_LEN = 64
 
 

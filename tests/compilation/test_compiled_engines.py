@@ -18,6 +18,7 @@ from trtllm_dflash.config.manifest import Manifest
 
 from trtllm_dflash.compilation.graph_store import GRAPHS, INDEX, KERNELS, ArtefactError, GraphStore
 
+pytestmark = pytest.mark.slow  # inductor compiles and fresh processes
 PROMPTS = [((5, 6, 7), 20), ((9, 8), 12)]
 # a fresh process: load the engine, note the counters, generate, note them again
 PROBE = """

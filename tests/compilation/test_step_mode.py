@@ -18,6 +18,8 @@ from trtllm_dflash.draft_length.policy import DraftLenPolicy
 from trtllm_dflash.sample.sampling import SamplingParams
 from trtllm_dflash.utils.errors import DFlashError
 
+pytestmark = pytest.mark.slow  # compiles the decode steps
+
 SHAPES = StepShapes(min_span=16)  # small buckets, so short test contexts cross several
 SHAPES_2 = StepShapes(min_span=16, min_rows=2, min_width=2)  # cuda-graphs' minimum sizes: no compiled size is 1
 

@@ -17,6 +17,8 @@ from trtllm_dflash.engine.request import Request
 from trtllm_dflash.draft_length.cost import CostModel
 from trtllm_dflash.draft_length.policy import CostBasedDraftLen, FixedDraftLen
 
+pytestmark = pytest.mark.slow  # 16 prompts against transformers, in four compositions
+
 NEW_TOKENS = 40
 PROMPTS = 16
 

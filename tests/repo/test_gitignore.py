@@ -5,6 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # dflash-build and dflash-serve as processes
+
 ROOT = Path(__file__).parents[2]
 
 
