@@ -11,7 +11,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 
-.PHONY: demo test clean
+.PHONY: demo test test-fast clean
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -27,6 +27,10 @@ demo: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
+
+# the edit loop: no test marked slow (over about 10 s) and none that starts tritonserver (tests/README.md)
+test-fast: $(VENV)/.installed
+	$(PY) -m pytest -q -m "not slow and not serve"
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache

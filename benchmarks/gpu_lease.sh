@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_lease.sh [SECONDS] [OUT_DIR]      # defaults: 540, $OUT or benchmarks/results/gpu
 #   MODES=eager,cuda-graphs TESTS=1 bash benchmarks/gpu_lease.sh 540
 #
-# - TESTS=1: pytest tests/test_cuda_steps.py first (every step mode's greedy output against transformers on the
+# - TESTS=1: pytest tests/compilation/test_cuda_steps.py first (every step mode's greedy output against transformers on the
 #   GPU, CUDA graphs really replayed, one host sync per step); about 2 minutes each for the three non-graph and
 #   the two cuda-graphs tests (benchmarks/results/gpu_h200/RUN.md).
 # - TESTS=after: the session first, then only the cuda-graphs tests (-k cuda-graphs) in the time left, if at
@@ -32,9 +32,9 @@ nvidia-smi -L
 python3 -P -c "import torch, transformers, trtllm_dflash.plugins.context_kv as kv
 print('torch', torch.__version__, 'transformers', transformers.__version__, 'trtllm_dflash from', kv.__file__)" || exit 1
 if [ "${TESTS:-0}" = 1 ]; then
-    timeout $(($(left) / 2)) python3 -P -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/test_cuda_steps.py \
+    timeout $(($(left) / 2)) python3 -P -m pytest -q -p no:cacheprovider -W ignore::UserWarning tests/compilation/test_cuda_steps.py \
         >"$out/tests_cuda_steps.log" 2>&1
-    echo "tests/test_cuda_steps.py: exit $? after $(($(date +%s) - start)) s"
+    echo "tests/compilation/test_cuda_steps.py: exit $? after $(($(date +%s) - start)) s"
     tail -3 "$out/tests_cuda_steps.log"
 fi
 if [ "${PAGED:-0}" = 1 ]; then
@@ -49,7 +49,7 @@ echo "gpu_session.py: exit $? after $(($(date +%s) - start)) s"
 tail -40 "$out/session.log"
 if [ "${TESTS:-0}" = after ] && [ "$(left)" -ge 100 ]; then
     timeout $(($(left) - 5)) python3 -P -m pytest -q -p no:cacheprovider -W ignore::UserWarning -k cuda-graphs \
-        tests/test_cuda_steps.py >"$out/tests_cuda_graphs.log" 2>&1
-    echo "tests/test_cuda_steps.py -k cuda-graphs: exit $? after $(($(date +%s) - start)) s"
+        tests/compilation/test_cuda_steps.py >"$out/tests_cuda_graphs.log" 2>&1
+    echo "tests/compilation/test_cuda_steps.py -k cuda-graphs: exit $? after $(($(date +%s) - start)) s"
     tail -3 "$out/tests_cuda_graphs.log"
 fi

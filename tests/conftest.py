@@ -1,5 +1,6 @@
+"""Fixtures every folder shares. The helpers they use live in tests/helpers (importable: pyproject's pythonpath)."""
+
 import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -8,9 +9,9 @@ import torch
 if not torch.cuda.is_available():  # Triton kernels run on the CPU through Triton's interpreter
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from tiny_models import make_hf_target, write_drafter  # noqa: E402
+from helpers.engines import EngineFactory  # noqa: E402
+from helpers.tiny_models import make_hf_target, write_drafter  # noqa: E402
+from helpers.triton import serving  # noqa: E402
 
 torch.set_num_threads(2)
 
@@ -34,24 +35,39 @@ def random_drafter(workdir) -> Path:
 
 
 @pytest.fixture(scope="session")
+def pair():
+    """The shipped pair: a real drafter (acceptance well above 0), a target transformers loads."""
+    from trtllm_dflash.pairs import stdlib_pair
+
+    return stdlib_pair()
+
+
+@pytest.fixture(scope="session")
 def builtin_home(tmp_path_factory) -> Path:
-    """A private cache for the built-in pair; subprocesses find it through TRTLLM_DFLASH_HOME."""
+    """A private user cache for the session (step-cost models and the like); subprocesses find it through
+    TRTLLM_DFLASH_HOME."""
     home = tmp_path_factory.mktemp("home")
     os.environ["TRTLLM_DFLASH_HOME"] = str(home)
     return home
 
 
 @pytest.fixture(scope="session")
-def builtin(builtin_home):
-    from trtllm_dflash.builtin import builtin_pair
+def builtin(request, builtin_home):
+    """The tiny test pair (helpers/tiny_pair.py): fitted once, then kept in pytest's cache dir across runs."""
+    from helpers.tiny_pair import builtin_pair
 
-    return builtin_pair(builtin_home)
+    cache = getattr(request.config, "cache", None)  # None under -p no:cacheprovider: fitted for this run alone
+    return builtin_pair(cache.mkdir("tiny-pair") if cache else builtin_home / "tiny-pair")
+
+
+@pytest.fixture(scope="session")
+def engine_factory(tmp_path_factory) -> EngineFactory:
+    """Engines built once per session, one per BuildSpec; tests read them and never write into them."""
+    return EngineFactory(tmp_path_factory.mktemp("engines"))
 
 
 @pytest.fixture(scope="session")
 def triton_server(builtin, tmp_path_factory):
     """The real tritonserver serving a tiny torch engine of the test pair, shared by the serving tests
     (Triton and its OpenAI frontend); stopped cleanly at the end of the session."""
-    from test_serve_triton import serving
-
     yield from serving(builtin, tmp_path_factory.mktemp("serve"))

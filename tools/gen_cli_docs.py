@@ -3,7 +3,7 @@
     python tools/gen_cli_docs.py            # rewrite docs/cli.md
     python tools/gen_cli_docs.py --check    # exit 1 when docs/cli.md differs from what the parsers say
 
-tests/test_cli_docs.py runs the check in `make test`. Usage lines are formatted at a fixed width, so the text
+tests/repo/test_cli_docs.py runs the check in `make test`. Usage lines are formatted at a fixed width, so the text
 does not depend on the terminal.
 """
 
@@ -64,7 +64,7 @@ def options_table(p: argparse.ArgumentParser) -> list[str]:
 
 def render() -> str:
     lines = ["# Command-line reference", "",
-             "Generated from the parsers by `python tools/gen_cli_docs.py`; `tests/test_cli_docs.py` fails when this "
+             "Generated from the parsers by `python tools/gen_cli_docs.py`; `tests/repo/test_cli_docs.py` fails when this "
              "file is stale. Every command also answers `--help`.", ""]
     for title, p in commands():
         lines += [f"## {title}", ""]

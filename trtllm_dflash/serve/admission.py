@@ -13,7 +13,7 @@ The rule (`AdmissionGate.ready`): with B requests running, requests arriving at 
 idle slot: a slot idle t seconds forgoes t / B of the batch's output, (k - 1) / (2 lambda B) a request at steady
 arrivals. Groups of k + 1 cost no more than groups of k while k (k + 1) < 2 lambda B F, so the gate admits once
 n waiting requests reach n (n + 1) >= 2 lambda B F: every request at once where lambda B F <= 1, else groups of
-the best size (tests/test_admission.py checks it against the best fixed group size). Where arrivals come slower
+the best size (tests/serve/test_admission.py checks it against the best fixed group size). Where arrivals come slower
 than estimated it admits once the waits add up to F B (no more idle than the call it saves: rent or buy), and
 `AdmissionSettings.max_wait_s` caps any request's wait (its time to first token). F is measured on the serving
 engine at load (`fixed_cost`), lambda from the last arrivals.

@@ -1,0 +1,176 @@
+"""dflash-bench plan against AIConfigurator's own figures, computed here through its API (the path of its
+`cli estimate`): the plain estimate at k = 0, its MTP verify modelling, and its op-level queries of the drafter."""
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("aiconfigurator_core", reason="dflash-bench plan needs the plan extra (pip install '.[plan]')")
+
+from aiconfigurator_core.sdk import common, config_builders, models, perf_database
+from aiconfigurator_core.sdk import operations as ops
+from aiconfigurator_core.sdk.backends.factory import get_backend
+from aiconfigurator_core.sdk.config import RuntimeConfig
+from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
+
+from trtllm_dflash.bench.plan import aic
+from trtllm_dflash.bench.plan.acceptance import acceptance_from_lengths, geometric, read_profile
+from trtllm_dflash.bench.plan.inputs import read_drafter
+from trtllm_dflash.bench.plan.search import point
+from trtllm_dflash.bench.plan.step import StepModel
+from trtllm_dflash.cli.bench import main
+from trtllm_dflash.draft_length.schedule import read_schedule
+from trtllm_dflash.utils.errors import DFlashError
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN_DRAFTER = ROOT / "benchmarks/results/plan/drafters/qwen3-8b-dflash-b16"
+QWEN = "Qwen/Qwen3-8B"
+ISL = OSL = 1024
+
+
+def aic_estimate(system: str, model_id: str, tp: int, batch: int, nextn: int = 0, mode: str = "static") -> dict:
+    """AIConfigurator's estimate as its `cli estimate` reaches it, from fresh objects."""
+    version = perf_database.resolve_query_version(system, "trtllm", "1.3.0rc20")
+    db = perf_database.get_database_view(system, "trtllm", version, database_mode="SILICON")
+    mc = config_builders.build_model_config(tp, 1, 1, tp, 1)
+    config_builders.apply_nextn(mc, nextn)
+    models.resolve_context_fmha_by_data(mc, model_id, db, "trtllm", is_context_role=True)
+    models.resolve_nvfp4_for_system(mc, system, model_id, backend_name="trtllm")
+    model = models.get_model(model_id, mc, "trtllm")
+    summary = get_backend("trtllm").run_static(model, db, RuntimeConfig(batch_size=batch, isl=ISL, osl=OSL), mode)
+    return summary.get_result_dict()
+
+
+def step_model(gpu: str, tp: int, verify_attention: str = "per-query") -> StepModel:
+    database = aic.open_database(gpu, "1.3.0rc20")
+    drafter, _ = read_drafter(str(QWEN_DRAFTER))
+    return StepModel(aic.build_target(QWEN, tp, database), drafter, database, ISL, OSL, verify_attention)
+
+
+@pytest.mark.parametrize("gpu,system,tp,batches", [("h100", "h100_sxm", 1, (1, 8, 64)),
+                                                   ("b200", "b200_sxm", 2, (1, 32)),
+                                                   ("b200", "b200_sxm", 4, (4, 128))])
+def test_k0_equals_aiconfigurator_plain_estimate(gpu, system, tp, batches):
+    steps = step_model(gpu, tp)
+    for batch in batches:
+        ref = aic_estimate(system, QWEN, tp, batch)
+        cost = steps.cost(batch, 0, 1.0)
+        p = point(tp, 1, batch, 0, cost.total_ms, ref["ttft"], OSL)
+        assert cost.draft_ms == cost.context_kv_ms == cost.sampling_ms == 0.0
+        assert p["tok_s_user"] == pytest.approx(ref["tokens/s/user"], rel=0.01)
+        assert p["tok_s_gpu"] == pytest.approx(ref["tokens/s/gpu"], rel=0.01)
+
+
+def test_verify_is_aiconfigurator_mtp_verify_without_its_layer_factor():
+    """AIConfigurator's MTP at draft length k runs b(k+1) decode queries and scales the layers by (L + k) / L
+    (models/helpers.py mtp_scale_factor): the plan's verify is that cost divided by the factor."""
+    steps, layers = step_model("h100", 1), 36
+    for batch, k in ((1, 3), (8, 7), (32, 15)):
+        mtp = aic_estimate("h100_sxm", QWEN, 1, batch, nextn=k, mode="static_gen")["tpot"]
+        verify = steps.cost(batch, k, 1.0).verify_ms
+        assert verify == pytest.approx(mtp * layers / (layers + k), rel=0.01)
+        assert verify > aic_estimate("h100_sxm", QWEN, 1, batch, mode="static_gen")["tpot"]
+
+
+def test_per_request_verify_attention_lies_between_plain_and_per_query():
+    per_query, per_request = step_model("h100", 1), step_model("h100", 1, "per-request")
+    for batch, k in ((1, 15), (64, 15)):
+        plain = per_query.cost(batch, 0, 1.0).total_ms
+        assert per_request.cost(batch, 0, 1.0).total_ms == plain
+        assert plain < per_request.cost(batch, k, 1.0).verify_ms < per_query.cost(batch, k, 1.0).verify_ms
+
+
+def test_drafter_cost_equals_the_database_queried_op_by_op():
+    """The drafter's block pass: its layers (Qwen3-8B drafter: 5 layers, hidden 4096, MLP 12288, 32/8 heads of
+    128), the target's embedding and lm_head (vocab 151936), one op at a time against the same tables."""
+    steps, tp, batch, k = step_model("b200", 2), 2, 16, 7
+    db = perf_database.get_database_view("b200_sxm", "trtllm", "1.3.0rc20", database_mode="SILICON")
+    handle, bf16, n, h = EngineHandle.for_database(db), common.GEMMQuantMode.bfloat16, 5, 4096
+    kv_quant = steps.target.model.config.kvcache_quant_mode
+    block = [ops.Embedding("e", 1, 151936 // tp, h, 0.3), ops.ElementWise("n1", n, 2 * h, 2 * h, 0.8),
+             ops.GEMM("qkv", n, 32 * 128 // tp + 2 * 4 * 128, h, bf16),
+             ops.GenerationAttention("att", n, 16, 4, kv_quant, head_size=128, use_qk_norm=True),
+             ops.GEMM("o", n, h, 32 * 128 // tp, bf16), ops.ElementWise("n2", n, 2 * h, 2 * h, 0.8),
+             ops.GEMM("up", n, 2 * 12288 // tp, h, bf16), ops.ElementWise("act", n, 2 * 12288 // tp, 12288 // tp, 0.8),
+             ops.GEMM("down", n, h, 12288 // tp, bf16), ops.CustomAllReduce("ar1", n, h, tp),
+             ops.CustomAllReduce("ar2", n, h, tp)]
+    head = [ops.ElementWise("norm", 1, h, h, 0.8), ops.GEMM("lm_head", 1, 151936 // tp, h, bf16)]
+    s_mid = ISL + OSL // 2 + 1
+
+    def one_by_one(op_list, rows, s):
+        return sum(handle.evaluate_ops_json(build_ops_json([op]), is_context=False, batch_size=rows, s=s)[0][1]
+                   for op in op_list)
+
+    expected = one_by_one(block, batch * (k + 1), s_mid + k + 1) + one_by_one(head, batch * k, s_mid)
+    assert steps.cost(batch, k, 4.0).draft_ms == pytest.approx(expected, rel=1e-6)
+
+
+def test_acceptance_profiles(tmp_path):
+    profile = geometric(6.49, 16)
+    assert profile.tokens_per_step(15) == pytest.approx(6.49, rel=1e-6)
+    assert profile.tokens_per_step(0) == 1.0
+    measured = acceptance_from_lengths([1, 2, 3, 4, 4], 3, "five steps")
+    assert measured.per_position == (0.8, 0.75, 2 / 3)
+    assert measured.tokens_per_step(3) == pytest.approx(sum([1, 2, 3, 4, 4]) / 5)
+    path = tmp_path / "acc.json"
+    path.write_text(json.dumps(measured.to_dict()))
+    assert read_profile(path).per_position == measured.per_position
+    with pytest.raises(DFlashError, match="lie in"):
+        geometric(20.0, 16)
+
+
+def run_cli(capsys, *argv):
+    code = main(["plan", "--target", QWEN, "--drafter", str(QWEN_DRAFTER), "--gpus", "1", *argv])
+    return code, capsys.readouterr()
+
+
+@pytest.mark.parametrize("argv,message", [
+    (("--gpu", "z9000", "--tau", "5"), "--gpu 'z9000': AIConfigurator has no trtllm data"),
+    (("--gpu", "h100", "--acceptance", "ACC"), "per_position must be a list of numbers"),
+    (("--gpu", "h100", "--acceptance", "MISSING"), "no such acceptance file"),
+    (("--gpu", "h100", "--tau", "5", "--acceptance", "ACC"), "give one of --acceptance FILE or --tau T"),
+    (("--gpu", "h100", "--tau", "5", "--tp", "3"), "--tp 3 must divide --gpus 1"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    bad = tmp_path / "acc.json"
+    bad.write_text(json.dumps({"per_position": ["high"]}))
+    argv = [str(bad) if a == "ACC" else str(tmp_path / "missing.json") if a == "MISSING" else a for a in argv]
+    code, out = run_cli(capsys, *argv)
+    assert code == 2 and out.out == ""
+    assert out.err.count("\n") == 1 and message in out.err
+
+
+def test_plan_files_and_json(tmp_path, capsys):
+    out_dir = tmp_path / "plan"
+    code, out = run_cli(capsys, "--gpu", "h100", "--tau", "6.49", "--batches", "1", "8", "64",
+                        "--interactivity", "100", "1000", "--output", str(out_dir), "--json")
+    assert code == 0
+    plan = json.loads(out.out)
+    assert plan == json.loads((out_dir / "plan.json").read_text())
+    assert {"inputs", "frontier", "at_interactivity", "provenance"} <= set(plan)
+    for entry in plan["frontier"]["plain"] + plan["frontier"]["dflash"]:
+        assert {"batch", "draft_len", "tok_s_user", "tok_s_gpu", "tp"} <= set(entry)
+    for entry in plan["frontier"]["plain"]:
+        ref = aic_estimate("h100_sxm", QWEN, 1, entry["batch"])
+        assert entry["tok_s_gpu"] == pytest.approx(ref["tokens/s/gpu"], rel=0.01)
+    at_100, at_1000 = plan["at_interactivity"]
+    assert at_100["ratio"] == pytest.approx(at_100["dflash_tok_s_gpu"] / at_100["plain_tok_s_gpu"], rel=1e-3)
+    assert at_1000["plain_tok_s_gpu"] is None and at_1000["ratio"] is None
+    assert at_100["config"]["build_command"].startswith("dflash-build --backend trtllm")
+    schedule = read_schedule(out_dir / at_100["config"]["draft_len_schedule"])
+    assert schedule.max_draft_len >= 1
+    assert plan["provenance"]["backend_version"] == "1.3.0rc20" and "tau" in plan["provenance"]["acceptance"]
+    assert (out_dir / "frontier.png").stat().st_size > 0 and (out_dir / "points.csv").read_text().count("\n") > 3
+    assert math.isclose(plan["inputs"]["acceptance_per_position"][0], geometric(6.49, 16).per_position[0],
+                        rel_tol=1e-3)
+
+
+def test_without_aiconfigurator_one_line_names_the_extra(monkeypatch, capsys):
+    import sys
+
+    for name in [n for n in sys.modules if n.split(".")[0] == "aiconfigurator_core"]:
+        monkeypatch.setitem(sys.modules, name, None)
+    code, out = run_cli(capsys, "--gpu", "h100", "--tau", "5")
+    assert code == 2 and out.err.count("\n") == 1 and "pip install '.[plan]'" in out.err

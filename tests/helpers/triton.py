@@ -1,0 +1,54 @@
+"""The real tritonserver on loopback serving a tiny torch engine, and the HTTP calls the serving tests make."""
+
+import json
+import urllib.request
+
+from trtllm_dflash.engine.loader import free_port
+
+from helpers.tiny_pair import held_out_prompts
+
+
+def serving(builtin, root, tp=1, decoding="dflash", step_mode="auto", **settings):
+    """Build a tiny torch engine, serve it; yields the server's description; asserts a clean stop.
+    settings: more ServeSettings fields (the KV pool's)."""
+    from trtllm_dflash.builder.builder import build_engine
+    from trtllm_dflash.builder.spec import BuildSpec
+    from trtllm_dflash.serve.locate import find_tritonserver
+    from trtllm_dflash.serve.repository import ServeSettings, write_repository
+    from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
+
+    engine = build_engine(BuildSpec(str(builtin[0]), str(builtin[1]), str(root / "engine"), dtype="float32",
+                                    max_batch_size=16, max_seq_len=512, tp=tp), "test")
+    write_repository(engine, root / "repo", ServeSettings("dflash", max_queue=64, decoding=decoding, step_mode=step_mode,
+                                                           **settings))
+    ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    log = open(root / "server.log", "w")
+    proc = start_server(find_tritonserver(root / "triton"), root / "repo", ends, log)
+    try:
+        wait_ready(proc, timeout=240)
+    except Exception:
+        stop_server(proc, grace=5)
+        raise AssertionError((root / "server.log").read_text()[-3000:])
+    yield {"proc": proc, "ends": ends, "engine": engine, "log": root / "server.log",
+           "block": json.loads((engine / "manifest.json").read_text())["block_size"]}
+    code = stop_server(proc)
+    assert code == 0, (root / "server.log").read_text()[-2000:]
+
+
+def post(server, path: str, body: dict, timeout: float = 120) -> dict:
+    req = urllib.request.Request(f"{server['ends'].http_url}/v2/models/dflash/{path}", json.dumps(body).encode())
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read())
+
+
+def metrics(server) -> dict[str, float]:
+    with urllib.request.urlopen(server["ends"].metrics_url, timeout=10) as r:
+        rows = [line.split() for line in r.read().decode().splitlines() if line.startswith("dflash_")]
+    return {name: float(value) for name, value in rows}
+
+
+def text_prompt(i: int) -> str:
+    return bytes(held_out_prompts(i + 1)[i]).decode()

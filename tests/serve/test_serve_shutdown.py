@@ -1,0 +1,123 @@
+"""dflash-serve's stop against the real tritonserver: SIGTERM with streams in flight and an idle keep-alive
+connection ends the streams with a final 'server shutting down' event and exits 0 within 10 s, leaving no
+child process and no shared-memory region behind."""
+
+import http.client
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from trtllm_dflash.engine.loader import free_port
+
+from trtllm_dflash.serve.failures import SHUTTING_DOWN
+
+pytest.importorskip("tritonclient")
+pytestmark = pytest.mark.serve  # the real tritonserver
+
+STOP_WITHIN_S = 10
+
+
+def python_shm() -> set[str]:
+    return {name for name in os.listdir("/dev/shm") if "python_backend" in name}
+
+
+def start_serve(engine: Path, tmp_path: Path, *extra: str):
+    ports = [free_port() for _ in range(3)]
+    command = [sys.executable, "-m", "trtllm_dflash.cli.serve", str(engine), "--model-repo", str(tmp_path / "repo"),
+               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), *extra]
+    log = open(tmp_path / "serve.log", "w")
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), ports[0], log
+
+
+def wait_ready(serve, port: int, log_path: Path, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        assert serve.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.5)
+
+
+def open_stream(port: int, events: list, done: threading.Event, started: threading.Event) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    body = {"text_input": "def main():", "sampling_param_max_tokens": 480, "sampling_param_ignore_eos": True,
+            "streaming": True}
+    conn.request("POST", "/v2/models/dflash/generate_stream", json.dumps(body))
+    resp = conn.getresponse()
+    for line in resp:
+        if line.startswith(b"data:"):
+            events.append(json.loads(line[5:]))
+            started.set()
+    done.set()
+
+
+def check_start_log(path: Path) -> None:
+    """'serving on' once the model is loaded, never before; no CUDA/NVML/DCGM failures on a machine without a GPU."""
+    from trtllm_dflash.serve.server import has_gpu
+
+    deadline = time.monotonic() + 10
+    while "serving on" not in path.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    text = path.read_text()
+    assert text.index("successfully loaded 'dflash'") < text.index("serving on"), text[-3000:]
+    if not has_gpu():
+        for noise in ("CudaDriverHelper", "Failed to initialize NVML", "DCGM unable to start", "pinned system memory"):
+            assert noise not in text, noise
+
+
+def test_sigterm_cancels_streams_and_exits_cleanly(triton_server, tmp_path):
+    shm_before = python_shm()
+    serve, port, log = start_serve(triton_server["engine"], tmp_path)
+    try:
+        wait_ready(serve, port, tmp_path / "serve.log")
+        check_start_log(tmp_path / "serve.log")
+        children = [int(p) for p in subprocess.run(["pgrep", "-P", str(serve.pid)], capture_output=True,
+                                                   text=True).stdout.split()]
+        assert len(children) == 1  # tritonserver
+        streams = [([], threading.Event(), threading.Event()) for _ in range(2)]
+        for events, done, started in streams:
+            threading.Thread(target=open_stream, args=(port, events, done, started), daemon=True).start()
+        for _, _, started in streams:
+            assert started.wait(60), (tmp_path / "serve.log").read_text()[-2000:]
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=60)  # an idle keep-alive connection
+        idle.request("GET", "/v2/health/live")
+        assert idle.getresponse().read() == b""
+        stopped = time.monotonic()
+        serve.send_signal(signal.SIGTERM)
+        for events, done, _ in streams:
+            assert done.wait(STOP_WITHIN_S), "a stream was not ended by the stop"
+            assert SHUTTING_DOWN in events[-1].get("error", ""), events[-1]
+            assert "text_output" in events[0]
+        assert serve.wait(STOP_WITHIN_S) == 0, (tmp_path / "serve.log").read_text()[-3000:]
+        assert time.monotonic() - stopped < STOP_WITHIN_S
+        for pid in children:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+        assert python_shm() <= shm_before  # the server's shared-memory regions went with it
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        log.close()
+
+
+def test_a_port_in_use_is_one_line_and_a_quick_exit(triton_server, tmp_path):
+    held = triton_server["ends"].http_port  # the session's server listens there
+    command = [sys.executable, "-m", "trtllm_dflash.cli.serve", str(triton_server["engine"]), "--model-repo",
+               str(tmp_path / "repo"), "--http-port", str(held)]
+    started = time.monotonic()
+    out = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == f"dflash-serve: error: --http-port {held} on 127.0.0.1 is not available: " \
+        "Address already in use"
+    assert time.monotonic() - started < 8
+    assert not (tmp_path / "repo").exists()  # nothing written before the refusal
