@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ...config.model import DrafterConfig, read_config_json
+from ...models.registry import parse_drafter_config
 from ...utils.errors import DFlashError
 from .acceptance import AcceptanceProfile, geometric, read_profile
 from .step import VERIFY_ATTENTION
@@ -65,7 +66,7 @@ def read_drafter(where: str) -> tuple[DrafterConfig, str]:
     if not folder.is_dir():
         raise DFlashError(f"--drafter {where!r}: no such directory (give a drafter directory with its config.json)")
     source = str(folder / "config.json")
-    return DrafterConfig.from_dict(read_config_json(folder), source), source
+    return parse_drafter_config(read_config_json(folder), source), source
 
 
 def target_id(where: str) -> str:
