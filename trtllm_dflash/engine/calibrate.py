@@ -9,12 +9,8 @@ calls, which measured 2x a replayed step on an H100 when they were in the sample
 interleaved over draft lengths and contexts, so a machine that gets busier mid-way shifts every draft
 length alike, and each timed step follows untimed ones of the same draft length and context, as steps
 follow each other in a run of them: a plain cell after 3 plain steps (`PLAIN_LEAD_STEPS`), a drafting cell
-after 1. On this CPU a whole-block step slows the plain steps after it (batch 4, context 128: +0.59, +0.46 and
-+0.23 ms over a 3.2 ms plain run), and plain cells each timed right after another draft length came out
-1.02 / 1.29 / 1.17x a steady plain-only step at batch 1 / 4 / 16, with the leads 0.96 / 1.11 / 1.07x (the cell
-is a step that keeps the drafter's context; medians of 5,
-benchmarks/results/calibration_lead.json, whose script was a one-off): the policy had taken drafting for up to 29 % better against plain
-than it was. Whole-block cells are within 6 % of a steady run either way. The median of the repeats is kept and made
+after 1. A whole-block step slows the plain steps right after it on a CPU, so each cell is timed after leads of its own
+kind (benchmarks/results/calibration_lead.json). The median of the repeats is kept and made
 non-decreasing in the draft length. The model is valid for one device, thread count, torch version and
 engine: that key names the cache file (`ENGINE/calibration/step-cost-<key>.json`).
 """

@@ -25,14 +25,9 @@ from .failures import CANCELLED, INTERNAL_ERROR, OVERLOADED, SHUTTING_DOWN
 from .torch_thread import TorchThread
 
 STEP_IDLE_S = 0.005  # how long the loop sleeps when nothing is queued or running
-# The loop's host work between steps talked to the Triton server process every step: each metric update and
-# each client's cancellation check is a round trip from the Python backend's stub, and every request's whole
-# output was decoded to text. Timed once by temporary instrumentation of the served loop (built-in pair, CPU,
-# 2 threads, not committed): about 0.25-0.6 ms
-# per step (metrics 0.13, cancellation checks 0.05-0.2, decoding 0.07-0.3), against plain steps of 2.5-6 ms;
-# about 0.1 ms now. So counts reach the exporter in batches, clients are polled, and a non-streaming request
-# without stop strings is decoded once, at its end (served plain decoding gained 2-10 %,
-# a one-off measurement, not kept):
+# Host work between steps is kept off the per-step path: every metric update and cancellation check is a
+# round trip to the Triton server process, so counts reach the exporter in batches, clients are polled, and a
+# non-streaming request without stop strings is decoded once, at its end.
 METRICS_FLUSH_S = 0.25  # counts of running steps are exported at least this often (and before every final answer)
 CANCEL_POLL_S = 0.05  # a client that went away is noticed within this long (its slot freed)
 
