@@ -189,7 +189,7 @@ class Generator:
         slots = self.slots.free()[: len(requests)]
         if drafting is None:
             drafting = self.decide_drafting(requests, slots)
-        rows = [self.staging_row if self.scheduler.chunked(r) else s for r, s in zip(requests, slots)]  # staged
+        rows = [self.caches.staging_row if self.scheduler.chunked(r) else s for r, s in zip(requests, slots)]  # staged
         stops = self.default_stop_ids
         sequences = [Sequence.new(r, row, start, tag, stops, drafting)
                      for r, row, tag in zip(requests, rows, tags or [None] * len(requests))]
