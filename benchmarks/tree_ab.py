@@ -164,7 +164,7 @@ def parse(argv: list[str]):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS and the script's --threads")
     p.add_argument("--control", action="store_true", help="a second copy of head, run in every round too")
-    p.add_argument("--out", type=Path, help="default: benchmarks/results/tree_ab/<script>.json")
+    p.add_argument("--out", type=Path, help="default: a JSON named after the script in benchmarks/results/tree_ab/")
     p.add_argument("--launch", nargs=2, type=Path, metavar=("SCRIPT", "SITE"), help=argparse.SUPPRESS)
     args = p.parse_args(mine)
     args.script_args = theirs
