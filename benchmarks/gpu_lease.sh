@@ -16,16 +16,13 @@
 #   gpu_session.py turns into a record of where its time went) at SECONDS.
 # - GRAPHS=DIR (default OUT_DIR/graphs): the session's compiled graphs, stored there on the first run and loaded
 #   by every later one that has the directory (graph_store.py), so a lease that carries it measures, not compiles.
-# The package is imported from a copy of trtllm_dflash/ with plugins/ inside it, as an install lays it out
-# (PYTHONPATH=. alone lacks trtllm_dflash.plugins), so nothing needs installing and the checkout is untouched;
-# pytest runs as `python3 -P -m pytest`, since -m would put the checkout's own trtllm_dflash/ first.
+# The package is imported from the checkout through PYTHONPATH (its layout is the installed one, plugins/ inside
+# trtllm_dflash/), so nothing needs installing; pytest runs as `python3 -P -m pytest`.
 set -u
 seconds=${1:-540}
 out=${2:-${OUT:-benchmarks/results/gpu}}
 mkdir -p "$out"
-site=$(mktemp -d)
-cp -r trtllm_dflash "$site/" || exit 1
-export PYTHONUNBUFFERED=1 PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 start=$(date +%s)
 left() { echo $((seconds - ($(date +%s) - start))); }
 nvidia-smi -L
