@@ -9,6 +9,7 @@ under a key of everything that decides its content (`pair_key`), so a second run
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import json
@@ -55,16 +56,18 @@ def pair_key(seed: int = 0, fit_steps: int = 600) -> str:
 def builtin_pair(home: Path, seed: int = 0, fit_steps: int = 600) -> tuple[Path, Path]:
     """-> (target_dir, drafter_dir), made on first use and cached under `home`."""
     root = home / pair_key(seed, fit_steps)
-    if not (root / "drafter" / "model.safetensors").is_file():
-        root.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=".building-"))
-        try:
-            make_pair(tmp, seed, fit_steps)
-            if root.exists():
-                shutil.rmtree(root)
-            tmp.rename(root)  # atomic: a reader never sees a half-written pair
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with open(root.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # parallel test workers: one fits, the others wait and read
+        if not (root / "drafter" / "model.safetensors").is_file():
+            tmp = Path(tempfile.mkdtemp(dir=root.parent, prefix=".building-"))
+            try:
+                make_pair(tmp, seed, fit_steps)
+                if root.exists():
+                    shutil.rmtree(root)
+                tmp.rename(root)  # atomic: a reader never sees a half-written pair
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
     return root / "target", root / "drafter"
 
 

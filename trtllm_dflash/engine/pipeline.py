@@ -39,15 +39,13 @@ class Pipeline:
         every rank of a TP engine runs the same generation, so their collectives match. Compiled steps compile
         every graph here (`step_mode.compile_step_shapes`; max_batch 1: only the one-row graphs)."""
         g = self.generator
-        policy, g.policy = g.policy, FixedDraftLen()
         start = time.perf_counter()
-        try:  # prompt 2 tokens, then prefill + one full drafting step (block + 1 tokens at most)
+        # prompt 2 tokens, then prefill + one full drafting step (block + 1 tokens at most)
+        with g.temporarily(FixedDraftLen()):
             with recording_timer() if g.step_mode.graphs else nullcontext([0.0]) as recording:
                 g.generate([Request((0, 0), g.block + 1, ignore_eos=True)])
                 if g.step_mode.compiled:
                     compile_step_shapes(g, max_batch)
-        finally:
-            g.policy = policy
         # graphs: tracing plus compiling (or loading) them; CUDA-graph recording apart
         self.startup.update(graphs_s=time.perf_counter() - start - recording[0], cuda_graphs_s=recording[0])
 
