@@ -16,7 +16,7 @@ from aiconfigurator_core.sdk.config import RuntimeConfig
 from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
 
 from trtllm_dflash.bench.plan import aic
-from trtllm_dflash.bench.plan.acceptance import acceptance_from_lengths, geometric, read_profile
+from trtllm_dflash.bench.plan.acceptance import acceptance_from_steps, geometric, read_profile
 from trtllm_dflash.bench.plan.inputs import read_drafter
 from trtllm_dflash.bench.plan.search import point
 from trtllm_dflash.bench.plan.step import StepModel
@@ -111,7 +111,7 @@ def test_acceptance_profiles(tmp_path):
     profile = geometric(6.49, 16)
     assert profile.tokens_per_step(15) == pytest.approx(6.49, rel=1e-6)
     assert profile.tokens_per_step(0) == 1.0
-    measured = acceptance_from_lengths([1, 2, 3, 4, 4], 3, "five steps")
+    measured = acceptance_from_steps([(3, n) for n in (1, 2, 3, 4, 4)], "five steps")
     assert measured.per_position == (0.8, 0.75, 2 / 3)
     assert measured.tokens_per_step(3) == pytest.approx(sum([1, 2, 3, 4, 4]) / 5)
     path = tmp_path / "acc.json"
@@ -174,3 +174,80 @@ def test_without_aiconfigurator_one_line_names_the_extra(monkeypatch, capsys):
         monkeypatch.setitem(sys.modules, name, None)
     code, out = run_cli(capsys, "--gpu", "h100", "--tau", "5")
     assert code == 2 and out.err.count("\n") == 1 and "pip install '.[plan]'" in out.err
+
+
+def generate_json_lines(builtin, prompts, draft_len: int) -> str:
+    """dflash-generate --json on the builtin pair, one output line a prompt (its CLI, in process)."""
+    import contextlib
+    import io
+
+    from trtllm_dflash.cli.generate import main as generate
+
+    lines = []
+    for prompt in prompts:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert generate(["--target", str(builtin[0]), "--drafter", str(builtin[1]), "--prompt-ids",
+                             ",".join(map(str, prompt)), "--max-new-tokens", "48", "--ignore-eos",
+                             "--draft-len", str(draft_len), "--json"]) == 0
+        lines.append(out.getvalue().strip())
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.slow
+def test_profile_from_generate_runs_is_what_plan_reads(builtin, tmp_path, capsys):
+    """A real tiny run at a fixed draft length: `dflash-bench acceptance` writes the profile, plan reads it, and
+    the rates are the run's accepted lengths counted here: a_i = #(n > i) / #(n >= i) over every step but each
+    request's last (cut at the length limit)."""
+    from helpers.tiny_pair import held_out_prompts
+
+    k = 7  # the builtin drafter's block of 8, less the anchor
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(generate_json_lines(builtin, held_out_prompts(2), k))
+    lengths = [n for line in runs.read_text().splitlines() for n in json.loads(line)["acceptance_lengths"][:-1]]
+    assert all(d == k for line in runs.read_text().splitlines() for d in json.loads(line)["draft_lengths"])
+    expected = []
+    for i in range(1, k + 1):
+        tried = sum(1 for n in lengths if n >= i)
+        if not tried:
+            break
+        expected.append(sum(1 for n in lengths if n > i) / tried)
+    assert expected and max(expected) > 0  # the fitted drafter is accepted
+
+    acc = tmp_path / "acc.json"
+    assert main(["acceptance", str(runs), "--output", str(acc)]) == 0
+    capsys.readouterr()
+    assert read_profile(acc).per_position == pytest.approx(expected, abs=1e-12)
+    code, out = run_cli(capsys, "--gpu", "h100", "--acceptance", str(acc), "--batches", "1", "8",
+                        "--interactivity", "100", "--json")
+    assert code == 0
+    plan = json.loads(out.out)
+    assert plan["inputs"]["acceptance_per_position"] == [round(a, 4) for a in expected]
+    assert plan["inputs"]["max_draft_len"] == len(expected) and str(acc) in plan["provenance"]["acceptance"]
+    for entry in plan["frontier"]["dflash"]:
+        reach = [math.prod(expected[:i]) for i in range(1, entry["draft_len"] + 1)]
+        assert entry["tokens_per_step"] == pytest.approx(1 + sum(reach), abs=1e-3)
+        assert 1 <= entry["draft_len"] <= len(expected)
+
+
+def test_profile_from_steps_and_from_a_sweep(tmp_path):
+    """Variable draft lengths: a position counts only the steps that drafted it; a sweep's totals give a fitted
+    constant rate whose expected accepted drafts equal the measured ones."""
+    steps = [(3, 1), (3, 2), (3, 4), (1, 2), (0, 1), (2, 3)]
+    measured = acceptance_from_steps(steps, "steps")
+    assert measured.per_position == (4 / 5, 2 / 3, 1.0) and measured.observations == (5, 3, 1)
+    run = tmp_path / "sweep"
+    run.mkdir()
+    (run / "manifest.json").write_text("{}")
+    (run / "summary.json").write_text(json.dumps({"points": [{"draft_len_mean": 4.0, "plain_step_share": 0.0}]}))
+    rows = [{"ok": True, "server_draft_tokens": 40, "server_accepted_draft_tokens": 22},
+            {"ok": True, "server_draft_tokens": 20, "server_accepted_draft_tokens": 8}, {"ok": False}]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    acc = tmp_path / "sweep.json"
+    assert main(["acceptance", str(run), "--output", str(acc)]) == 0
+    profile = read_profile(acc)
+    rate = profile.per_position[0]
+    assert profile.per_position == (rate,) * 4 and "geometric fit" in profile.source
+    assert sum(rate ** i for i in range(1, 5)) == pytest.approx(4 * 30 / 60, rel=1e-9)
+    (run / "summary.json").write_text(json.dumps({"points": [{"draft_len_mean": 3.2, "plain_step_share": 0.1}]}))
+    assert main(["acceptance", str(run), "--output", str(acc)]) == 2

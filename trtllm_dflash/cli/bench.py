@@ -89,6 +89,15 @@ def plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print plan.json on stdout")
 
 
+def acceptance_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN", help="files of dflash-generate --json output (one object a "
+                   "line; pooled), or one dflash-bench sweep run directory")
+    p.add_argument("--draft-len", type=int, help="a sweep's fixed draft length (default: from its counters)")
+    p.add_argument("--note", help="the profile's source text (default: the runs and their step count)")
+    p.add_argument("--output", required=True, help="the profile file to write (JSON, for dflash-bench plan "
+                   "--acceptance)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description="Benchmark a served model at fixed load points; report throughput per GPU "
                                       "at fixed interactivity.")
@@ -97,6 +106,8 @@ def parser() -> argparse.ArgumentParser:
     report_flags(sub.add_parser("report", help="frontiers, table and plots of one or more runs"))
     tune_flags(sub.add_parser("tune", help="a draft_len_schedule (concurrency -> draft length) from sweeps at fixed "
                                            "draft lengths, for dflash-build --backend trtllm --draft-len-schedule"))
+    acceptance_flags(sub.add_parser("acceptance", help="a per-position acceptance profile for plan --acceptance, "
+                                                       "from dflash-generate --json runs or a sweep"))
     plan_flags(sub.add_parser("plan", help="project plain decoding's and DFlash's throughput at fixed interactivity "
                                            "from AIConfigurator's silicon data (needs the plan extra)"))
     return p
@@ -148,6 +159,20 @@ def run_tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_acceptance_command(args: argparse.Namespace) -> int:
+    from ..bench.plan.acceptance import write_profile
+    from ..bench.plan.measured import profile_from_runs
+
+    if args.draft_len is not None and args.draft_len < 1:
+        raise DFlashError(f"--draft-len must be >= 1, got {args.draft_len}")
+    profile = profile_from_runs(args.runs, args.draft_len, args.note)
+    path = write_profile(args.output, profile)
+    rates = " ".join(f"{a:.3f}" for a in profile.per_position)
+    print(f"acceptance profile ({len(profile.per_position)} positions: {rates}; E[tokens | k = "
+          f"{len(profile.per_position)}] {profile.tokens_per_step(len(profile.per_position)):.2f}): {path}")
+    return 0
+
+
 def numbers(values: list[str] | None, kind: type, flag: str) -> tuple:
     """`--tp 1 2 4` or `--tp 1,2,4`."""
     try:
@@ -191,10 +216,12 @@ def run(argv: list[str] | None) -> int:
         return run_report_command(args)
     if args.command == "tune":
         return run_tune_command(args)
+    if args.command == "acceptance":
+        return run_acceptance_command(args)
     if args.command == "plan":
         return run_plan_command(args)
-    raise DFlashError("choose a command: sweep, report or tune (measured runs: dflash-bench sweep --help), or plan "
-                      "(a projection: dflash-bench plan --help)")
+    raise DFlashError("choose a command: sweep, report or tune (measured runs: dflash-bench sweep --help), or "
+                      "acceptance and plan (a projection: dflash-bench plan --help)")
 
 
 def main(argv: list[str] | None = None) -> int:

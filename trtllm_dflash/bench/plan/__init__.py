@@ -48,7 +48,9 @@ def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
                    "drafter_shape": {"method": "dflash", "layers": drafter.num_hidden_layers,
                                      "hidden_size": drafter.hidden_size, "block_size": drafter.block_size,
                                      "target_layer_ids": list(drafter.target_layer_ids)},
-                   "acceptance_per_position": [round(a, 4) for a in profile.per_position]},
+                   "acceptance_per_position": [round(a, 4) for a in profile.per_position],
+                   "acceptance_observations": list(profile.observations) if profile.observations else None,
+                   "max_draft_len": grid.max_draft_len},
         "provenance": provenance(database, profile, points),
         "frontier": {name: [frontier_entry(p) for p in frontier([p for p in points if method(p) == name])]
                      for name in ("plain", "dflash")},

@@ -78,10 +78,8 @@ def target_id(where: str) -> str:
 
 
 def acceptance_profile(spec: PlanSpec, drafter: DrafterConfig) -> AcceptanceProfile:
+    """The measured file, or the geometric model at the drafter's block size. A file measured at draft lengths
+    below block_size - 1 plans only the draft lengths it covers (search.Grid.max_draft_len)."""
     if spec.acceptance is not None:
-        profile = read_profile(spec.acceptance)
-        if len(profile.per_position) < drafter.block_size - 1:
-            raise DFlashError(f"{spec.acceptance}: per_position has {len(profile.per_position)} rates; the drafter "
-                              f"drafts up to {drafter.block_size - 1} tokens (block size {drafter.block_size})")
-        return profile
+        return read_profile(spec.acceptance)
     return geometric(spec.tau, drafter.block_size)

@@ -36,6 +36,11 @@ class Grid:
     osl: int
     verify_attention: str = "per-query"
 
+    @property
+    def max_draft_len(self) -> int:
+        """The drafter's block less its anchor, or fewer where the acceptance profile covers fewer positions."""
+        return min(self.drafter.block_size - 1, len(self.profile.per_position))
+
 
 def point(tp: int, replicas: int, batch: int, k: int, tpot_ms: float, ttft_ms: float, osl: int, **extra) -> dict:
     latency_ms = ttft_ms + tpot_ms * (osl - 1)  # one request, end to end
@@ -45,7 +50,7 @@ def point(tp: int, replicas: int, batch: int, k: int, tpot_ms: float, ttft_ms: f
 
 
 def layout_points(grid: Grid, tp: int) -> list[dict]:
-    """Every (batch, k) point of one TP layout, plain (k = 0) and DFlash (k = 1 .. block_size - 1)."""
+    """Every (batch, k) point of one TP layout, plain (k = 0) and DFlash (k = 1 .. grid.max_draft_len)."""
     target = aic.build_target(grid.target, tp, grid.database)
     steps = StepModel(target, grid.drafter, grid.database, grid.isl, grid.osl, grid.verify_attention)
     sm = grid.database.db.system_spec["gpu"]["sm_version"]
@@ -62,7 +67,7 @@ def layout_points(grid: Grid, tp: int) -> list[dict]:
         if memory > grid.database.capacity_gib:
             continue
         ttft = plain.ttft_ms + steps.prefill_extra_ms(batch)
-        for k in range(1, grid.drafter.block_size):
+        for k in range(1, grid.max_draft_len + 1):
             tokens = grid.profile.tokens_per_step(k)
             cost = steps.cost(batch, k, tokens)
             out.append(point(tp, replicas, batch, k, cost.total_ms / tokens, ttft, grid.osl, tokens_per_step=tokens,
