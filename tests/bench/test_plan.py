@@ -15,6 +15,7 @@ from aiconfigurator_core.sdk.backends.factory import get_backend
 from aiconfigurator_core.sdk.config import RuntimeConfig
 from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
 
+from trtllm_dflash.bench.overlay import load_plan
 from trtllm_dflash.bench.plan import aic
 from trtllm_dflash.bench.plan.acceptance import acceptance_from_steps, geometric, read_profile
 from trtllm_dflash.bench.plan.inputs import read_drafter
@@ -165,6 +166,8 @@ def test_plan_files_and_json(tmp_path, capsys):
     assert (out_dir / "frontier.png").stat().st_size > 0 and (out_dir / "points.csv").read_text().count("\n") > 3
     assert math.isclose(plan["inputs"]["acceptance_per_position"][0], geometric(6.49, 16).per_position[0],
                         rel_tol=1e-3)
+    overlaid = load_plan(out_dir)  # what dflash-bench report --plan reads
+    assert overlaid.fronts["dflash"] == [(p["tok_s_user"], p["tok_s_gpu"]) for p in plan["frontier"]["dflash"]]
 
 
 def test_without_aiconfigurator_one_line_names_the_extra(monkeypatch, capsys):

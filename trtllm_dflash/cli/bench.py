@@ -53,6 +53,8 @@ def report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interactivity", default="50,100,200,500", help="tok/s/user levels of the table")
     p.add_argument("--interpolation", default="pchip", help="pchip (default) | linear")
     p.add_argument("--output", default="bench_report", help="report directory (default bench_report)")
+    p.add_argument("--plan", metavar="PLAN_DIR", help="a dflash-bench plan directory: its frontiers beside the runs' "
+                   "(output tok/s/GPU), in the report's table and plan_overlay.png")
 
 
 def tune_flags(p: argparse.ArgumentParser) -> None:
@@ -137,7 +139,8 @@ def run_report_command(args: argparse.Namespace) -> int:
     from ..bench.report import make_report
     from ..bench.spec import ReportSpec
 
-    spec = ReportSpec(tuple(args.runs), args.output, args.baseline, args.interactivity, args.interpolation)
+    spec = ReportSpec(tuple(args.runs), args.output, args.baseline, args.interactivity, args.interpolation,
+                      args.plan)
     report = make_report(spec)
     print(f"report: {report.dir / 'report.md'}")
     return 0
