@@ -254,3 +254,55 @@ def test_profile_from_steps_and_from_a_sweep(tmp_path):
     assert sum(rate ** i for i in range(1, 5)) == pytest.approx(4 * 30 / 60, rel=1e-9)
     (run / "summary.json").write_text(json.dumps({"points": [{"draft_len_mean": 3.2, "plain_step_share": 0.1}]}))
     assert main(["acceptance", str(run), "--output", str(acc)]) == 2
+
+
+EAGLE3 = ROOT / "benchmarks/results/plan/drafters/qwen3-8b-eagle3"
+
+
+def test_eagle3_step_is_k_passes_of_its_layer_queried_op_by_op():
+    """EAGLE-3 (one Qwen3-8B-shaped layer, draft vocabulary 32000, fc over 3 x 4096): pass 1 over the b(k+1)
+    verified tokens, passes 2..k over b, lm_head + argmax after each; the same tables one op at a time."""
+    from trtllm_dflash.bench.plan.eagle3 import Eagle3Steps, read_eagle3
+
+    steps, tp, batch, k = step_model("b200", 2), 2, 8, 4
+    eagle = Eagle3Steps(steps, read_eagle3(str(EAGLE3)))
+    db = perf_database.get_database_view("b200_sxm", "trtllm", "1.3.0rc20", database_mode="SILICON")
+    handle, bf16, h = EngineHandle.for_database(db), common.GEMMQuantMode.bfloat16, 4096
+    kv_quant = steps.target.model.config.kvcache_quant_mode
+    layer = [ops.ElementWise("n", 1, 4 * h, 2 * h, 0.8), ops.GEMM("qkv", 1, (16 + 2 * 4) * 128, 2 * h, bf16),
+             ops.GEMM("o", 1, h, 16 * 128, bf16), ops.ElementWise("n2", 1, 2 * h, 2 * h, 0.8),
+             ops.GEMM("up", 1, 12288, h, bf16), ops.ElementWise("act", 1, 12288, 6144, 0.8),
+             ops.GEMM("down", 1, h, 6144, bf16), ops.CustomAllReduce("ar1", 1, h, tp), ops.CustomAllReduce("ar2", 1, h, tp)]
+    attention = [ops.GenerationAttention("att", 1, 16, 4, kv_quant, head_size=128)]
+    head = [ops.ElementWise("norm", 1, h, h, 0.8), ops.GEMM("lm_head", 1, 16000, h, bf16),
+            ops.ElementWise("argmax", 1, 16000, 1, 0.8)]
+    s_mid = ISL + OSL // 2 + 1
+
+    def one_by_one(op_list, rows, s):
+        return sum(handle.evaluate_ops_json(build_ops_json([op]), is_context=False, batch_size=rows, s=s)[0][1]
+                   for op in op_list)
+
+    block = batch * (k + 1)
+    fc = [ops.GEMM("fc", 1, h, 3 * h, bf16), ops.Embedding("e", 1, 151936 // tp, h, 0.3)]
+    expected = (one_by_one(fc + layer, block, s_mid) + one_by_one(attention, block, s_mid + k + 1)
+                + one_by_one(head, batch, s_mid)
+                + sum(one_by_one(layer + attention, batch, s_mid + i) + one_by_one(head, batch, s_mid)
+                      for i in range(1, k)))
+    cost = eagle.cost(batch, k)
+    assert cost.draft_ms == pytest.approx(expected, rel=1e-6)
+    assert cost.verify_ms == steps.cost(batch, k, 1.0).verify_ms  # the same target verify as DFlash's
+    assert cost.context_kv_ms == pytest.approx(one_by_one([ops.ElementWise("c", 1, 3 * h, 3 * h, 0.8)], block, s_mid))
+
+
+def test_plan_with_an_eagle3_baseline(capsys):
+    code, out = run_cli(capsys, "--gpu", "h100", "--tau", "6.49", "--batches", "1", "16", "--interactivity", "100",
+                        "--eagle3", str(EAGLE3), "--eagle3-tau", "3.0", "--json")
+    assert code == 0
+    plan = json.loads(out.out)
+    front = plan["frontier"]["eagle3"]
+    assert front and all(1 <= p["draft_len"] <= 3 for p in front)
+    assert plan["inputs"]["eagle3_shape"]["acceptance_per_position"] == [round(a, 4) for a in geometric(3.0, 4).per_position]
+    row = plan["at_interactivity"][0]
+    assert row["dflash_over_eagle3"] == pytest.approx(row["dflash_tok_s_gpu"] / row["eagle3_tok_s_gpu"], rel=1e-3)
+    code, out = run_cli(capsys, "--gpu", "h100", "--tau", "6.49", "--eagle3", str(EAGLE3))
+    assert code == 2 and "--eagle3 needs one of --eagle3-acceptance FILE or --eagle3-tau T" in out.err

@@ -87,6 +87,12 @@ def plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-attention", default="per-query", help="verify attention over k + 1 tokens a request: "
                    "per-query (default: k + 1 decode queries, AIConfigurator's MTP convention, an upper bound) or "
                    "per-request (one KV read a request, a lower bound); the drafter's attention likewise")
+    p.add_argument("--eagle3", metavar="DIR", help="an EAGLE-3 drafter (its config.json): a second baseline, "
+                   "one layer run k times a step")
+    p.add_argument("--eagle3-acceptance", metavar="FILE", help="its acceptance profile (the format of --acceptance)")
+    p.add_argument("--eagle3-tau", type=float, help="instead: its mean acceptance length at --eagle3-max-draft-len")
+    p.add_argument("--eagle3-max-draft-len", type=int, default=3, help="the longest EAGLE-3 chain planned "
+                   "(default 3)")
     p.add_argument("--output", help="directory for plan.json, points.csv, frontier.png and the schedule files")
     p.add_argument("--json", action="store_true", help="print plan.json on stdout")
 
@@ -196,7 +202,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
                     interactivity=numbers(args.interactivity, float, "--interactivity") or DEFAULT_LEVELS,
                     backend_version=args.backend_version,
                     batches=numbers(args.batches, int, "--batches") or DEFAULT_BATCHES,
-                    verify_attention=args.verify_attention, output=args.output)
+                    verify_attention=args.verify_attention, eagle3=args.eagle3,
+                    eagle3_acceptance=args.eagle3_acceptance, eagle3_tau=args.eagle3_tau,
+                    eagle3_max_draft_len=args.eagle3_max_draft_len, output=args.output)
     plan, _ = run_plan(spec)
     if args.json:
         print(json.dumps(plan, indent=1))

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 from . import aic
-from .inputs import PlanSpec, acceptance_profile, read_drafter, target_id
+from .eagle3 import read_eagle3
+from .inputs import PlanSpec, acceptance_profile, eagle3_profile, read_drafter, target_id
 from .outputs import build_command, frontier_entry, method, schedule_name, write_all
 from .search import Grid, best_at, frontier, layout_points, schedule_for
 
@@ -36,8 +37,11 @@ def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
     drafter, drafter_source = read_drafter(spec.drafter)
     profile = acceptance_profile(spec, drafter)
     database = aic.open_database(spec.gpu, spec.backend_version)
+    eagle3, eagle3_acc = (read_eagle3(spec.eagle3), eagle3_profile(spec)) if spec.eagle3 else (None, None)
     grid = Grid(target_id(spec.target), drafter, database, profile, spec.gpus, spec.tp_sizes(), spec.batches,
-                spec.isl, spec.osl, spec.verify_attention)
+                spec.isl, spec.osl, spec.verify_attention, eagle3, eagle3_acc,
+                min(spec.eagle3_max_draft_len, len(eagle3_acc.per_position)) if eagle3_acc else 0)
+    methods = ("plain", "dflash", "eagle3") if eagle3 else ("plain", "dflash")
     points = [p for tp in grid.tp_sizes for p in layout_points(grid, tp)]
     schedules: dict = {}
     rows = [table_row(spec, points, level, schedules, f"dflash-bench plan: {database.label}, acceptance "
@@ -50,10 +54,14 @@ def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
                                      "target_layer_ids": list(drafter.target_layer_ids)},
                    "acceptance_per_position": [round(a, 4) for a in profile.per_position],
                    "acceptance_observations": list(profile.observations) if profile.observations else None,
-                   "max_draft_len": grid.max_draft_len},
-        "provenance": provenance(database, profile, points),
+                   "max_draft_len": grid.max_draft_len,
+                   "eagle3_shape": None if eagle3 is None else {**vars(eagle3), "max_draft_len": grid.eagle3_max_draft_len,
+                                                                "acceptance_per_position": [round(a, 4) for a in
+                                                                                            eagle3_acc.per_position]}},
+        "provenance": {**provenance(database, profile, points),
+                       "eagle3_acceptance": eagle3_acc.source if eagle3_acc else None},
         "frontier": {name: [frontier_entry(p) for p in frontier([p for p in points if method(p) == name])]
-                     for name in ("plain", "dflash")},
+                     for name in methods},
         "at_interactivity": rows,
         "draft_len_schedules": {str(tp): s.as_option() if s else None for tp, s in sorted(schedules.items())},
         "points": len(points),
@@ -74,9 +82,16 @@ def table_row(spec: PlanSpec, points: list[dict], level: float, schedules: dict,
         config = {**_config(best_dflash), "draft_len_schedule": schedule_name(tp) if schedules[tp] else None,
                   "build_command": build_command(spec, best_dflash, schedules[tp], Path(spec.output or "."))}
     ratio = best_dflash["tok_s_gpu"] / best_plain["tok_s_gpu"] if best_plain and best_dflash else None
-    return {"tok_s_user": level, "plain_tok_s_gpu": _round(best_plain and best_plain["tok_s_gpu"]),
-            "dflash_tok_s_gpu": _round(best_dflash and best_dflash["tok_s_gpu"]), "ratio": _round(ratio),
-            "config": config, "plain_config": _config(best_plain) if best_plain else None}
+    row = {"tok_s_user": level, "plain_tok_s_gpu": _round(best_plain and best_plain["tok_s_gpu"]),
+           "dflash_tok_s_gpu": _round(best_dflash and best_dflash["tok_s_gpu"]), "ratio": _round(ratio),
+           "config": config, "plain_config": _config(best_plain) if best_plain else None}
+    eagle3 = [p for p in points if method(p) == "eagle3"]
+    if eagle3:
+        best = best_at(eagle3, level)
+        row.update(eagle3_tok_s_gpu=_round(best and best["tok_s_gpu"]), eagle3_config=_config(best) if best else None,
+                   dflash_over_eagle3=_round(best_dflash["tok_s_gpu"] / best["tok_s_gpu"]) if best and best_dflash
+                   else None)
+    return row
 
 
 def provenance(database: aic.Database, profile, points: list[dict]) -> dict:

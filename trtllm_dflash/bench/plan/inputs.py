@@ -32,6 +32,10 @@ class PlanSpec:
     backend_version: str = "current"  # a TensorRT-LLM version slot of AIConfigurator's database
     batches: tuple[int, ...] = DEFAULT_BATCHES          # running batch sizes per replica
     verify_attention: str = "per-query"  # how verify attention reads the KV cache (step.VERIFY_ATTENTION)
+    eagle3: str | None = None         # an EAGLE-3 drafter (its config.json): the second baseline
+    eagle3_acceptance: str | None = None  # its profile file, or
+    eagle3_tau: float | None = None   # its mean acceptance length at eagle3_max_draft_len (geometric model)
+    eagle3_max_draft_len: int = 3     # the longest chain planned (the tau's draft length)
     output: str | None = None
 
     def __post_init__(self):
@@ -49,6 +53,12 @@ class PlanSpec:
             raise DFlashError(f"--batches must be positive, got {list(self.batches)}")
         if self.verify_attention not in VERIFY_ATTENTION:
             raise DFlashError(f"--verify-attention {self.verify_attention!r}: choose {' or '.join(VERIFY_ATTENTION)}")
+        if self.eagle3 is not None and (self.eagle3_acceptance is None) == (self.eagle3_tau is None):
+            raise DFlashError("--eagle3 needs one of --eagle3-acceptance FILE or --eagle3-tau T")
+        if self.eagle3 is None and (self.eagle3_acceptance, self.eagle3_tau) != (None, None):
+            raise DFlashError("--eagle3-acceptance / --eagle3-tau need --eagle3 DIR (the drafter's config.json)")
+        if self.eagle3_max_draft_len < 1:
+            raise DFlashError(f"--eagle3-max-draft-len must be >= 1, got {self.eagle3_max_draft_len}")
         if not self.interactivity or min(self.interactivity) <= 0:
             raise DFlashError(f"--interactivity must be positive tok/s/user, got {list(self.interactivity)}")
 
@@ -83,3 +93,12 @@ def acceptance_profile(spec: PlanSpec, drafter: DrafterConfig) -> AcceptanceProf
     if spec.acceptance is not None:
         return read_profile(spec.acceptance)
     return geometric(spec.tau, drafter.block_size)
+
+
+def eagle3_profile(spec: PlanSpec) -> AcceptanceProfile | None:
+    """The baseline's acceptance: its file, or the geometric model over eagle3_max_draft_len positions."""
+    if spec.eagle3 is None:
+        return None
+    if spec.eagle3_acceptance is not None:
+        return read_profile(spec.eagle3_acceptance)
+    return geometric(spec.eagle3_tau, spec.eagle3_max_draft_len + 1)
