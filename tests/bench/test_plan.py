@@ -46,7 +46,7 @@ def aic_estimate(system: str, model_id: str, tp: int, batch: int, nextn: int = 0
 
 def step_model(gpu: str, tp: int, verify_attention: str = "per-query") -> StepModel:
     database = aic.open_database(gpu, "1.3.0rc20")
-    drafter, _ = read_drafter(str(QWEN_DRAFTER))
+    drafter, _, _ = read_drafter(str(QWEN_DRAFTER))
     return StepModel(aic.build_target(QWEN, tp, database), drafter, database, ISL, OSL, verify_attention)
 
 
@@ -306,3 +306,72 @@ def test_plan_with_an_eagle3_baseline(capsys):
     assert row["dflash_over_eagle3"] == pytest.approx(row["dflash_tok_s_gpu"] / row["eagle3_tok_s_gpu"], rel=1e-3)
     code, out = run_cli(capsys, "--gpu", "h100", "--tau", "6.49", "--eagle3", str(EAGLE3))
     assert code == 2 and "--eagle3 needs one of --eagle3-acceptance FILE or --eagle3-tau T" in out.err
+
+
+def write_dflash2(tmp_path, window=None, speculators=False):
+    """The Qwen3-8B drafter's shapes as a DFlash2 drafter (z-lab's layout, or speculators'), block 8."""
+    v1 = json.loads((QWEN_DRAFTER / "config.json").read_text())
+    extra = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+    if speculators:
+        layer = {k: v for k, v in v1.items() if k not in ("architectures", "block_size", "num_target_layers",
+                                                          "dflash_config")}
+        config = {"speculators_model_type": "dflash2", "architectures": ["DFlash2DraftModel"],
+                  "transformer_layer_config": layer, "draft_vocab_size": 151936, "block_size": 8,
+                  "aux_hidden_state_layer_ids": [2, 10, 18, 26, 34], "mask_token_id": 151669,
+                  "sliding_window_non_causal": True, **extra}
+    else:
+        config = {**v1, "architectures": ["DFlash2DraftModel"], "block_size": 8, "is_causal": False,
+                  "dflash_config": {**v1["dflash_config"], **extra}}
+        if window:
+            config.update(use_sliding_window=True, sliding_window=window, layer_types=["sliding_attention"] * 5)
+    folder = tmp_path / ("spec" if speculators else f"dflash2-{window}")
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_dflash2_method_read_from_its_config(tmp_path):
+    for folder in (write_dflash2(tmp_path), write_dflash2(tmp_path, speculators=True), write_dflash2(tmp_path, 512)):
+        drafter, _, shape = read_drafter(str(folder))
+        assert shape is not None and (shape.conv_kernel_size, shape.conv_group_size) == (2, 16)
+        assert (shape.selector_rank, shape.selector_top_k) == (256, 16)
+        assert drafter.block_size == 8 and drafter.hidden_size == 4096 and drafter.num_hidden_layers == 5
+        assert list(drafter.target_layer_ids) == [1, 9, 17, 25, 33]
+    assert read_drafter(str(tmp_path / "dflash2-None"))[2].sliding_window is None
+    assert read_drafter(str(tmp_path / "dflash2-512"))[2].sliding_window == 512
+    assert read_drafter(str(QWEN_DRAFTER))[2] is None
+
+
+def test_dflash2_adds_its_convolutions_and_selector_queried_op_by_op(tmp_path):
+    """Beside the same drafter as DFlash: per layer 2 kernel_projection GEMMs (4096 -> 2 x 2 x 4096 / 16) and 4
+    grouped convolutions over the block's tokens; per drafted slot top-16 over the rank's vocabulary, the
+    4096 -> 256 hidden_projection and 16 x 256 scoring, in place of that slot's argmax."""
+    database = aic.open_database("b200", "1.3.0rc20")
+    target = aic.build_target(QWEN, 2, database)
+    drafter, _, shape = read_drafter(str(write_dflash2(tmp_path)))
+    v1 = StepModel(target, drafter, database, ISL, OSL)
+    v2 = StepModel(target, drafter, database, ISL, OSL, dflash2=shape)
+    db = perf_database.get_database_view("b200_sxm", "trtllm", "1.3.0rc20", database_mode="SILICON")
+    handle, bf16, h = EngineHandle.for_database(db), common.GEMMQuantMode.bfloat16, 4096
+    s_mid, batch, k = ISL + OSL // 2 + 1, 16, 7
+
+    def one_by_one(op_list, rows, s):
+        return sum(handle.evaluate_ops_json(build_ops_json([op]), is_context=False, batch_size=rows, s=s)[0][1]
+                   for op in op_list)
+
+    conv = [ops.GEMM("kp", 10, 2 * 2 * 256, h, bf16), ops.ElementWise("conv", 20, 2 * h + 2 * 256, h, 0.8)]
+    selector = [ops.ElementWise("topk", 1, 151936 // 2, 32, 0.8), ops.GEMM("hp", 1, 256, h, bf16),
+                ops.ElementWise("score", 1, 18 * 256, 16, 0.8)]
+    argmax = [ops.ElementWise("argmax", 1, 151936 // 2, 1, 0.8)]
+    a, b = v1.cost(batch, k, 3.0), v2.cost(batch, k, 3.0)
+    assert b.draft_ms - a.draft_ms == pytest.approx(one_by_one(conv, batch * (k + 1), s_mid + k + 1)
+                                                    + one_by_one(selector, batch * k, s_mid), rel=1e-6)
+    assert a.sampling_ms == pytest.approx(one_by_one(argmax, 2 * batch * k, s_mid), rel=1e-6)  # verify + drafted
+    assert b.sampling_ms == pytest.approx(one_by_one(argmax, batch * k, s_mid), rel=1e-6)  # verify's slots only
+    assert b.verify_ms == a.verify_ms and b.context_kv_ms == a.context_kv_ms
+    # a sliding window of 256 keys: the drafter's attention reads 256 - 1 + the block, not the whole context
+    windowed = StepModel(target, drafter, database, ISL, OSL, dflash2=read_drafter(str(write_dflash2(tmp_path, 256)))[2])
+    att = v2.attention_ops
+    assert b.draft_ms - windowed.cost(batch, k, 3.0).draft_ms == pytest.approx(
+        one_by_one(att + conv, batch * (k + 1), s_mid + k + 1) - one_by_one(att + conv, batch * (k + 1), 256 + k),
+        rel=1e-6, abs=1e-9)

@@ -67,7 +67,8 @@ def tune_flags(p: argparse.ArgumentParser) -> None:
 def plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target: an AIConfigurator model id (Qwen/Qwen3-8B, "
                    "openai/gpt-oss-120b, ...) or a directory with its config.json")
-    p.add_argument("--drafter", required=True, help="DFlash drafter directory (its config.json)")
+    p.add_argument("--drafter", required=True, help="DFlash or DFlash2 drafter directory (its config.json, "
+                   "z-lab's or speculators' layout: the method is read from it)")
     p.add_argument("--gpu", required=True, help="AIConfigurator system: h100_sxm, h200_sxm, b200_sxm, b300_sxm, "
                    "gb200, gb300 (or h100, h200, b200, b300)")
     p.add_argument("--gpus", type=int, required=True, help="GPUs of the node: TP x replicas")

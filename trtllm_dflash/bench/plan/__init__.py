@@ -34,13 +34,13 @@ MODEL_NOTES = (
 def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
     """(plan.json's object, every grid point, {tp: DraftLenSchedule}) for `spec`."""
     started = time.monotonic()
-    drafter, drafter_source = read_drafter(spec.drafter)
+    drafter, drafter_source, dflash2 = read_drafter(spec.drafter)
     profile = acceptance_profile(spec, drafter)
     database = aic.open_database(spec.gpu, spec.backend_version)
     eagle3, eagle3_acc = (read_eagle3(spec.eagle3), eagle3_profile(spec)) if spec.eagle3 else (None, None)
     grid = Grid(target_id(spec.target), drafter, database, profile, spec.gpus, spec.tp_sizes(), spec.batches,
                 spec.isl, spec.osl, spec.verify_attention, eagle3, eagle3_acc,
-                min(spec.eagle3_max_draft_len, len(eagle3_acc.per_position)) if eagle3_acc else 0)
+                min(spec.eagle3_max_draft_len, len(eagle3_acc.per_position)) if eagle3_acc else 0, dflash2)
     methods = ("plain", "dflash", "eagle3") if eagle3 else ("plain", "dflash")
     points = [p for tp in grid.tp_sizes for p in layout_points(grid, tp)]
     schedules: dict = {}
@@ -49,9 +49,10 @@ def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
     plan = {
         "format": FORMAT,
         "inputs": {**spec.to_dict(), "target_model": grid.target, "drafter_config": drafter_source,
-                   "drafter_shape": {"method": "dflash", "layers": drafter.num_hidden_layers,
+                   "drafter_shape": {"method": "dflash2" if dflash2 else "dflash", "layers": drafter.num_hidden_layers,
                                      "hidden_size": drafter.hidden_size, "block_size": drafter.block_size,
-                                     "target_layer_ids": list(drafter.target_layer_ids)},
+                                     "target_layer_ids": list(drafter.target_layer_ids),
+                                     "dflash2": vars(dflash2) if dflash2 else None},
                    "acceptance_per_position": [round(a, 4) for a in profile.per_position],
                    "acceptance_observations": list(profile.observations) if profile.observations else None,
                    "max_draft_len": grid.max_draft_len,

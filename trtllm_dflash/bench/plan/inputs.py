@@ -9,6 +9,7 @@ from ...config.model import DrafterConfig, read_config_json
 from ...models.registry import parse_drafter_config
 from ...utils.errors import DFlashError
 from .acceptance import AcceptanceProfile, geometric, read_profile
+from .dflash2 import Dflash2Shape, split
 from .step import VERIFY_ATTENTION
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -69,14 +70,16 @@ class PlanSpec:
         return {**asdict(self), "tp": list(self.tp_sizes())}
 
 
-def read_drafter(where: str) -> tuple[DrafterConfig, str]:
-    """(the drafter's config, its config.json path): a directory or the config.json itself."""
+def read_drafter(where: str) -> tuple[DrafterConfig, str, Dflash2Shape | None]:
+    """(the drafter's config, its config.json path, its DFlash2 shape or None): a directory or the config.json
+    itself; the method (DFlash, DFlash2; z-lab's or speculators' layout) from the config (dflash2.split)."""
     path = Path(where)
     folder = path.parent if path.name == "config.json" else path
     if not folder.is_dir():
         raise DFlashError(f"--drafter {where!r}: no such directory (give a drafter directory with its config.json)")
     source = str(folder / "config.json")
-    return parse_drafter_config(read_config_json(folder), source), source
+    data, shape = split(read_config_json(folder), source)
+    return parse_drafter_config(data, source), source, shape
 
 
 def target_id(where: str) -> str:

@@ -18,6 +18,7 @@ from ..frontier import pareto_frontier
 from . import aic
 from .acceptance import AcceptanceProfile
 from .memory import dflash_extra_gib
+from .dflash2 import Dflash2Shape
 from .eagle3 import Eagle3Drafter, Eagle3Steps
 from .step import StepModel
 
@@ -39,6 +40,7 @@ class Grid:
     eagle3: Eagle3Drafter | None = None            # the baseline drafter, where the user gives one
     eagle3_profile: AcceptanceProfile | None = None
     eagle3_max_draft_len: int = 0
+    dflash2: Dflash2Shape | None = None            # the drafter's DFlash2 shape; None: a DFlash drafter
 
     @property
     def max_draft_len(self) -> int:
@@ -57,7 +59,7 @@ def layout_points(grid: Grid, tp: int) -> list[dict]:
     """Every (batch, k) point of one TP layout: plain (k = 0), DFlash (k = 1 .. grid.max_draft_len) and, with a
     baseline drafter, EAGLE-3 (k = 1 .. grid.eagle3_max_draft_len); each point names its `method`."""
     target = aic.build_target(grid.target, tp, grid.database)
-    steps = StepModel(target, grid.drafter, grid.database, grid.isl, grid.osl, grid.verify_attention)
+    steps = StepModel(target, grid.drafter, grid.database, grid.isl, grid.osl, grid.verify_attention, grid.dflash2)
     eagle = Eagle3Steps(steps, grid.eagle3) if grid.eagle3 else None
     sm = grid.database.db.system_spec["gpu"]["sm_version"]
     replicas, out = grid.gpus // tp, []
@@ -68,7 +70,7 @@ def layout_points(grid: Grid, tp: int) -> list[dict]:
         out.append(point(tp, replicas, batch, 0, plain.tpot_ms, plain.ttft_ms, grid.osl, method="plain",
                          tokens_per_step=1.0, memory_gib=round(plain.memory_gib, 3), source="aiconfigurator run_static"))
         extra = dflash_extra_gib(grid.drafter, target.facts["hidden_size"], tp, batch, grid.isl + grid.osl,
-                                 grid.database.version, sm)
+                                 grid.database.version, sm, grid.dflash2.extra_params(grid.drafter) if grid.dflash2 else 0)
         memory = plain.memory_gib + extra["total"]
         if memory <= grid.database.capacity_gib:
             ttft = plain.ttft_ms + steps.prefill_extra_ms(batch)
