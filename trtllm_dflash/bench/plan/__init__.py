@@ -27,7 +27,8 @@ MODEL_NOTES = (
     ("plain: AIConfigurator's static estimate (run_static mode 'static'); dflash: the same prefill, then steps of "
     "verify (the target's decode ops at b(k+1) queries; attention per --verify-attention) + drafter block pass + context-KV projection + sampling, "
     "each op from the same database; tokens per step from the acceptance profile"),
-    "not modelled: scheduler and CUDA-graph overheads beyond AIConfigurator's, in-flight batching (static batches)",
+    "not modelled: scheduler and CUDA-graph overheads beyond AIConfigurator's, in-flight batching with prefill mixed "
+    "in (static batches: AIConfigurator's run_agg takes no drafter step; docs/benchmarking.md)",
 )
 
 
