@@ -213,8 +213,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
     for row in plan["at_interactivity"]:
         c = row["config"]
         best = f"TP{c['tp']} x{c['replicas']}, batch {c['batch']}, k {c['draft_len']}" if c else "unreachable"
-        print(f">= {row['tok_s_user']:g} tok/s/user: plain {row['plain_tok_s_gpu']}, dflash {row['dflash_tok_s_gpu']} "
-              f"tok/s/GPU (ratio {row['ratio']}; {best})")
+        eagle3 = f", eagle3 {row['eagle3_tok_s_gpu']}" if "eagle3_tok_s_gpu" in row else ""
+        print(f">= {row['tok_s_user']:g} tok/s/user: plain {row['plain_tok_s_gpu']}, dflash {row['dflash_tok_s_gpu']}"
+              f"{eagle3} tok/s/GPU (ratio {row['ratio']}; {best})")
     print(f"plan: {Path(args.output) / 'plan.json' if args.output else '(no --output)'} ({plan['provenance']['database']}, {plan['run_seconds']} s)")
     return 0
 

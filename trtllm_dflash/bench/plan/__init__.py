@@ -49,17 +49,7 @@ def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
                       f"{profile.source}") for level in spec.interactivity]
     plan = {
         "format": FORMAT,
-        "inputs": {**spec.to_dict(), "target_model": grid.target, "drafter_config": drafter_source,
-                   "drafter_shape": {"method": "dflash2" if dflash2 else "dflash", "layers": drafter.num_hidden_layers,
-                                     "hidden_size": drafter.hidden_size, "block_size": drafter.block_size,
-                                     "target_layer_ids": list(drafter.target_layer_ids),
-                                     "dflash2": vars(dflash2) if dflash2 else None},
-                   "acceptance_per_position": [round(a, 4) for a in profile.per_position],
-                   "acceptance_observations": list(profile.observations) if profile.observations else None,
-                   "max_draft_len": grid.max_draft_len,
-                   "eagle3_shape": None if eagle3 is None else {**vars(eagle3), "max_draft_len": grid.eagle3_max_draft_len,
-                                                                "acceptance_per_position": [round(a, 4) for a in
-                                                                                            eagle3_acc.per_position]}},
+        "inputs": inputs_record(spec, grid, drafter_source),
         "provenance": {**provenance(database, profile, points),
                        "eagle3_acceptance": eagle3_acc.source if eagle3_acc else None},
         "frontier": {name: [frontier_entry(p) for p in frontier([p for p in points if method(p) == name])]
@@ -70,6 +60,20 @@ def make_plan(spec: PlanSpec) -> tuple[dict, list[dict], dict]:
         "run_seconds": round(time.monotonic() - started, 2),
     }
     return plan, points, {tp: s for tp, s in schedules.items() if s}
+
+
+def inputs_record(spec: PlanSpec, grid: Grid, drafter_source: str) -> dict:
+    """plan.json's `inputs`: the flags as resolved, the drafters' shapes and the acceptance planned with."""
+    d, d2, e3, profile = grid.drafter, grid.dflash2, grid.eagle3, grid.profile
+    eagle3 = None if e3 is None else {**vars(e3), "max_draft_len": grid.eagle3_max_draft_len,
+                                      "acceptance_per_position": [round(a, 4) for a in grid.eagle3_profile.per_position]}
+    return {**spec.to_dict(), "target_model": grid.target, "drafter_config": drafter_source,
+            "drafter_shape": {"method": "dflash2" if d2 else "dflash", "layers": d.num_hidden_layers,
+                              "hidden_size": d.hidden_size, "block_size": d.block_size,
+                              "target_layer_ids": list(d.target_layer_ids), "dflash2": vars(d2) if d2 else None},
+            "acceptance_per_position": [round(a, 4) for a in profile.per_position],
+            "acceptance_observations": list(profile.observations) if profile.observations else None,
+            "max_draft_len": grid.max_draft_len, "eagle3_shape": eagle3}
 
 
 def table_row(spec: PlanSpec, points: list[dict], level: float, schedules: dict, source: str) -> dict:

@@ -90,7 +90,8 @@ def profile_from_runs(sources: list[str], draft_len: int | None = None, note: st
     if runs:
         if len(paths) > 1 or not (runs[0] / MANIFEST).is_file():
             raise DFlashError(f"{runs[0]}: give one dflash-bench sweep run directory, or dflash-generate --json files")
-        return sweep_profile(runs[0], draft_len)
+        profile = sweep_profile(runs[0], draft_len)
+        return AcceptanceProfile(profile.per_position, note) if note else profile
     steps = [s for p in paths for s in read_generate_file(p)]
     source = note or f"dflash-generate --json: {len(steps)} steps from {', '.join(map(str, paths))}"
     return acceptance_from_steps(steps, source)
