@@ -153,3 +153,52 @@ def test_report_bad_input_is_one_line(two_runs, tmp_path, capsys, args, needle):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dflash-bench: error: ") and needle in err, err
+
+
+def write_plan(path, fronts, isl=1024, gpus=1):
+    """A plan.json as dflash-bench plan writes it (bench/plan/__init__.py make_plan), frontiers only."""
+    path.mkdir(parents=True)
+    frontier = {name: [{"batch": 2 ** i, "draft_len": 0 if name == "plain" else 3, "tok_s_user": x, "tok_s_gpu": y,
+                        "tp": 1} for i, (x, y) in enumerate(points)] for name, points in fronts.items()}
+    plan = {"format": "dflash-plan/1", "inputs": {"target": "Qwen/Qwen3-8B", "gpus": gpus, "isl": isl, "osl": 1024},
+            "provenance": {"system": "h100_sxm", "database": "aiconfigurator-core SILICON h100_sxm trtllm 1.3.0rc20",
+                           "acceptance": "--tau 6.49"}, "frontier": frontier, "at_interactivity": []}
+    (path / "plan.json").write_text(json.dumps(plan))
+    return path
+
+
+def test_report_overlays_a_plan_beside_the_measured_frontiers(two_runs, tmp_path):
+    """--plan: each run's output-throughput frontier and each plan method's, read at the same levels, in the
+    table (table.json, report.md) and in plan_overlay.png; differing inputs are said."""
+    plain, dflash = two_runs
+    plan = write_plan(tmp_path / "plan", {"plain": [(60, 900), (140, 300)], "dflash": [(90, 2500), (400, 600)]},
+                      isl=2048)
+    report = make_report(ReportSpec((str(plain), str(dflash)), str(tmp_path / "rep"), "plain", (50, 100, 200, 500),
+                                    plan=str(plan)))
+    rows = {(r["interactivity"], r["label"]): r for r in report.overlay}
+    assert rows[(100, "plan: plain")]["output_tok_s_gpu"] == pytest.approx(interpolate([(60, 900), (140, 300)], [100])[0])
+    assert rows[(50, "plan: plain")]["basis"] == "at_or_above" and rows[(50, "plan: plain")]["output_tok_s_gpu"] == 900
+    assert rows[(500, "plan: dflash")]["output_tok_s_gpu"] is None
+    # measured: output throughput (write_run: half the total), the same frontier reading as the headline's
+    measured = [(120, 1200), (180, 750), (250, 450), (300, 250)]
+    assert rows[(200, "dflash")]["output_tok_s_gpu"] == pytest.approx(interpolate(measured, [200])[0])
+    assert rows[(200, "dflash")]["kind"] == "measured" and rows[(200, "plan: dflash")]["kind"] == "plan"
+    out = tmp_path / "rep"
+    data = json.loads((out / "table.json").read_text())["plan_overlay"]
+    assert data["rows"] == json.loads(json.dumps(report.overlay)) and data["plan"] == str(plan / "plan.json")
+    assert data["input_mismatches"] == ["plain: ISL 1024, the plan's 2048", "dflash: ISL 1024, the plan's 2048"]
+    md = (out / "report.md").read_text()
+    assert "## Beside the plan" in md and "](plan_overlay.png)" in md and "plan: dflash: output tok/s/GPU" in md
+    assert f"| 100 | " in md and "Inputs differ: plain: ISL 1024" in md
+    assert (out / "plan_overlay.png").read_bytes()[:8] == PNG and (out / "plan_overlay.png").stat().st_size > 5000
+
+
+def test_report_plan_bad_input_is_one_line(two_runs, tmp_path, capsys):
+    plain, _ = two_runs
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "plan.json").write_text(json.dumps({"format": "other"}))
+    for where, needle in ((tmp_path / "none", "--plan: no plan.json at"), (bad, "is not a dflash-bench plan")):
+        assert main(["report", str(plain), "--plan", str(where), "--output", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err

@@ -15,8 +15,9 @@ from aiconfigurator_core.sdk.backends.factory import get_backend
 from aiconfigurator_core.sdk.config import RuntimeConfig
 from aiconfigurator_core.sdk.engine import EngineHandle, build_ops_json
 
+from trtllm_dflash.bench.overlay import load_plan
 from trtllm_dflash.bench.plan import aic
-from trtllm_dflash.bench.plan.acceptance import acceptance_from_lengths, geometric, read_profile
+from trtllm_dflash.bench.plan.acceptance import acceptance_from_steps, geometric, read_profile
 from trtllm_dflash.bench.plan.inputs import read_drafter
 from trtllm_dflash.bench.plan.search import point
 from trtllm_dflash.bench.plan.step import StepModel
@@ -45,7 +46,7 @@ def aic_estimate(system: str, model_id: str, tp: int, batch: int, nextn: int = 0
 
 def step_model(gpu: str, tp: int, verify_attention: str = "per-query") -> StepModel:
     database = aic.open_database(gpu, "1.3.0rc20")
-    drafter, _ = read_drafter(str(QWEN_DRAFTER))
+    drafter, _, _ = read_drafter(str(QWEN_DRAFTER))
     return StepModel(aic.build_target(QWEN, tp, database), drafter, database, ISL, OSL, verify_attention)
 
 
@@ -111,7 +112,7 @@ def test_acceptance_profiles(tmp_path):
     profile = geometric(6.49, 16)
     assert profile.tokens_per_step(15) == pytest.approx(6.49, rel=1e-6)
     assert profile.tokens_per_step(0) == 1.0
-    measured = acceptance_from_lengths([1, 2, 3, 4, 4], 3, "five steps")
+    measured = acceptance_from_steps([(3, n) for n in (1, 2, 3, 4, 4)], "five steps")
     assert measured.per_position == (0.8, 0.75, 2 / 3)
     assert measured.tokens_per_step(3) == pytest.approx(sum([1, 2, 3, 4, 4]) / 5)
     path = tmp_path / "acc.json"
@@ -165,6 +166,8 @@ def test_plan_files_and_json(tmp_path, capsys):
     assert (out_dir / "frontier.png").stat().st_size > 0 and (out_dir / "points.csv").read_text().count("\n") > 3
     assert math.isclose(plan["inputs"]["acceptance_per_position"][0], geometric(6.49, 16).per_position[0],
                         rel_tol=1e-3)
+    overlaid = load_plan(out_dir)  # what dflash-bench report --plan reads
+    assert overlaid.fronts["dflash"] == [(p["tok_s_user"], p["tok_s_gpu"]) for p in plan["frontier"]["dflash"]]
 
 
 def test_without_aiconfigurator_one_line_names_the_extra(monkeypatch, capsys):
@@ -174,3 +177,201 @@ def test_without_aiconfigurator_one_line_names_the_extra(monkeypatch, capsys):
         monkeypatch.setitem(sys.modules, name, None)
     code, out = run_cli(capsys, "--gpu", "h100", "--tau", "5")
     assert code == 2 and out.err.count("\n") == 1 and "pip install '.[plan]'" in out.err
+
+
+def generate_json_lines(builtin, prompts, draft_len: int) -> str:
+    """dflash-generate --json on the builtin pair, one output line a prompt (its CLI, in process)."""
+    import contextlib
+    import io
+
+    from trtllm_dflash.cli.generate import main as generate
+
+    lines = []
+    for prompt in prompts:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert generate(["--target", str(builtin[0]), "--drafter", str(builtin[1]), "--prompt-ids",
+                             ",".join(map(str, prompt)), "--max-new-tokens", "48", "--ignore-eos",
+                             "--draft-len", str(draft_len), "--json"]) == 0
+        lines.append(out.getvalue().strip())
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.slow
+def test_profile_from_generate_runs_is_what_plan_reads(builtin, tmp_path, capsys):
+    """A real tiny run at a fixed draft length: `dflash-bench acceptance` writes the profile, plan reads it, and
+    the rates are the run's accepted lengths counted here: a_i = #(n > i) / #(n >= i) over every step but each
+    request's last (cut at the length limit)."""
+    from helpers.tiny_pair import held_out_prompts
+
+    k = 7  # the builtin drafter's block of 8, less the anchor
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(generate_json_lines(builtin, held_out_prompts(2), k))
+    lengths = [n for line in runs.read_text().splitlines() for n in json.loads(line)["acceptance_lengths"][:-1]]
+    assert all(d == k for line in runs.read_text().splitlines() for d in json.loads(line)["draft_lengths"])
+    expected = []
+    for i in range(1, k + 1):
+        tried = sum(1 for n in lengths if n >= i)
+        if not tried:
+            break
+        expected.append(sum(1 for n in lengths if n > i) / tried)
+    assert expected and max(expected) > 0  # the fitted drafter is accepted
+
+    acc = tmp_path / "acc.json"
+    assert main(["acceptance", str(runs), "--output", str(acc)]) == 0
+    capsys.readouterr()
+    assert read_profile(acc).per_position == pytest.approx(expected, abs=1e-12)
+    code, out = run_cli(capsys, "--gpu", "h100", "--acceptance", str(acc), "--batches", "1", "8",
+                        "--interactivity", "100", "--json")
+    assert code == 0
+    plan = json.loads(out.out)
+    assert plan["inputs"]["acceptance_per_position"] == [round(a, 4) for a in expected]
+    assert plan["inputs"]["max_draft_len"] == len(expected) and str(acc) in plan["provenance"]["acceptance"]
+    for entry in plan["frontier"]["dflash"]:
+        reach = [math.prod(expected[:i]) for i in range(1, entry["draft_len"] + 1)]
+        assert entry["tokens_per_step"] == pytest.approx(1 + sum(reach), abs=1e-3)
+        assert 1 <= entry["draft_len"] <= len(expected)
+
+
+def test_profile_from_steps_and_from_a_sweep(tmp_path):
+    """Variable draft lengths: a position counts only the steps that drafted it; a sweep's totals give a fitted
+    constant rate whose expected accepted drafts equal the measured ones."""
+    steps = [(3, 1), (3, 2), (3, 4), (1, 2), (0, 1), (2, 3)]
+    measured = acceptance_from_steps(steps, "steps")
+    assert measured.per_position == (4 / 5, 2 / 3, 1.0) and measured.observations == (5, 3, 1)
+    run = tmp_path / "sweep"
+    run.mkdir()
+    (run / "manifest.json").write_text("{}")
+    (run / "summary.json").write_text(json.dumps({"points": [{"draft_len_mean": 4.0, "plain_step_share": 0.0}]}))
+    rows = [{"ok": True, "server_draft_tokens": 40, "server_accepted_draft_tokens": 22},
+            {"ok": True, "server_draft_tokens": 20, "server_accepted_draft_tokens": 8}, {"ok": False}]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    acc = tmp_path / "sweep.json"
+    assert main(["acceptance", str(run), "--output", str(acc)]) == 0
+    profile = read_profile(acc)
+    rate = profile.per_position[0]
+    assert profile.per_position == (rate,) * 4 and "geometric fit" in profile.source
+    assert sum(rate ** i for i in range(1, 5)) == pytest.approx(4 * 30 / 60, rel=1e-9)
+    (run / "summary.json").write_text(json.dumps({"points": [{"draft_len_mean": 3.2, "plain_step_share": 0.1}]}))
+    assert main(["acceptance", str(run), "--output", str(acc)]) == 2
+
+
+EAGLE3 = ROOT / "benchmarks/results/plan/drafters/qwen3-8b-eagle3"
+
+
+def test_eagle3_step_is_k_passes_of_its_layer_queried_op_by_op():
+    """EAGLE-3 (one Qwen3-8B-shaped layer, draft vocabulary 32000, fc over 3 x 4096): pass 1 over the b(k+1)
+    verified tokens, passes 2..k over b, lm_head + argmax after each; the same tables one op at a time."""
+    from trtllm_dflash.bench.plan.eagle3 import Eagle3Steps, read_eagle3
+
+    steps, tp, batch, k = step_model("b200", 2), 2, 8, 4
+    eagle = Eagle3Steps(steps, read_eagle3(str(EAGLE3)))
+    db = perf_database.get_database_view("b200_sxm", "trtllm", "1.3.0rc20", database_mode="SILICON")
+    handle, bf16, h = EngineHandle.for_database(db), common.GEMMQuantMode.bfloat16, 4096
+    kv_quant = steps.target.model.config.kvcache_quant_mode
+    layer = [ops.ElementWise("n", 1, 4 * h, 2 * h, 0.8), ops.GEMM("qkv", 1, (16 + 2 * 4) * 128, 2 * h, bf16),
+             ops.GEMM("o", 1, h, 16 * 128, bf16), ops.ElementWise("n2", 1, 2 * h, 2 * h, 0.8),
+             ops.GEMM("up", 1, 12288, h, bf16), ops.ElementWise("act", 1, 12288, 6144, 0.8),
+             ops.GEMM("down", 1, h, 6144, bf16), ops.CustomAllReduce("ar1", 1, h, tp), ops.CustomAllReduce("ar2", 1, h, tp)]
+    attention = [ops.GenerationAttention("att", 1, 16, 4, kv_quant, head_size=128)]
+    head = [ops.ElementWise("norm", 1, h, h, 0.8), ops.GEMM("lm_head", 1, 16000, h, bf16),
+            ops.ElementWise("argmax", 1, 16000, 1, 0.8)]
+    s_mid = ISL + OSL // 2 + 1
+
+    def one_by_one(op_list, rows, s):
+        return sum(handle.evaluate_ops_json(build_ops_json([op]), is_context=False, batch_size=rows, s=s)[0][1]
+                   for op in op_list)
+
+    block = batch * (k + 1)
+    fc = [ops.GEMM("fc", 1, h, 3 * h, bf16), ops.Embedding("e", 1, 151936 // tp, h, 0.3)]
+    expected = (one_by_one(fc + layer, block, s_mid) + one_by_one(attention, block, s_mid + k + 1)
+                + one_by_one(head, batch, s_mid)
+                + sum(one_by_one(layer + attention, batch, s_mid + i) + one_by_one(head, batch, s_mid)
+                      for i in range(1, k)))
+    cost = eagle.cost(batch, k)
+    assert cost.draft_ms == pytest.approx(expected, rel=1e-6)
+    assert cost.verify_ms == steps.cost(batch, k, 1.0).verify_ms  # the same target verify as DFlash's
+    assert cost.context_kv_ms == pytest.approx(one_by_one([ops.ElementWise("c", 1, 3 * h, 3 * h, 0.8)], block, s_mid))
+
+
+def test_plan_with_an_eagle3_baseline(capsys):
+    code, out = run_cli(capsys, "--gpu", "h100", "--tau", "6.49", "--batches", "1", "16", "--interactivity", "100",
+                        "--eagle3", str(EAGLE3), "--eagle3-tau", "3.0", "--json")
+    assert code == 0
+    plan = json.loads(out.out)
+    front = plan["frontier"]["eagle3"]
+    assert front and all(1 <= p["draft_len"] <= 3 for p in front)
+    assert plan["inputs"]["eagle3_shape"]["acceptance_per_position"] == [round(a, 4) for a in geometric(3.0, 4).per_position]
+    row = plan["at_interactivity"][0]
+    assert row["dflash_over_eagle3"] == pytest.approx(row["dflash_tok_s_gpu"] / row["eagle3_tok_s_gpu"], rel=1e-3)
+    code, out = run_cli(capsys, "--gpu", "h100", "--tau", "6.49", "--eagle3", str(EAGLE3))
+    assert code == 2 and "--eagle3 needs one of --eagle3-acceptance FILE or --eagle3-tau T" in out.err
+
+
+def write_dflash2(tmp_path, window=None, speculators=False):
+    """The Qwen3-8B drafter's shapes as a DFlash2 drafter (z-lab's layout, or speculators'), block 8."""
+    v1 = json.loads((QWEN_DRAFTER / "config.json").read_text())
+    extra = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}
+    if speculators:
+        layer = {k: v for k, v in v1.items() if k not in ("architectures", "block_size", "num_target_layers",
+                                                          "dflash_config")}
+        config = {"speculators_model_type": "dflash2", "architectures": ["DFlash2DraftModel"],
+                  "transformer_layer_config": layer, "draft_vocab_size": 151936, "block_size": 8,
+                  "aux_hidden_state_layer_ids": [2, 10, 18, 26, 34], "mask_token_id": 151669,
+                  "sliding_window_non_causal": True, **extra}
+    else:
+        config = {**v1, "architectures": ["DFlash2DraftModel"], "block_size": 8, "is_causal": False,
+                  "dflash_config": {**v1["dflash_config"], **extra}}
+        if window:
+            config.update(use_sliding_window=True, sliding_window=window, layer_types=["sliding_attention"] * 5)
+    folder = tmp_path / ("spec" if speculators else f"dflash2-{window}")
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_dflash2_method_read_from_its_config(tmp_path):
+    for folder in (write_dflash2(tmp_path), write_dflash2(tmp_path, speculators=True), write_dflash2(tmp_path, 512)):
+        drafter, _, shape = read_drafter(str(folder))
+        assert shape is not None and (shape.conv_kernel_size, shape.conv_group_size) == (2, 16)
+        assert (shape.selector_rank, shape.selector_top_k) == (256, 16)
+        assert drafter.block_size == 8 and drafter.hidden_size == 4096 and drafter.num_hidden_layers == 5
+        assert list(drafter.target_layer_ids) == [1, 9, 17, 25, 33]
+    assert read_drafter(str(tmp_path / "dflash2-None"))[2].sliding_window is None
+    assert read_drafter(str(tmp_path / "dflash2-512"))[2].sliding_window == 512
+    assert read_drafter(str(QWEN_DRAFTER))[2] is None
+
+
+def test_dflash2_adds_its_convolutions_and_selector_queried_op_by_op(tmp_path):
+    """Beside the same drafter as DFlash: per layer 2 kernel_projection GEMMs (4096 -> 2 x 2 x 4096 / 16) and 4
+    grouped convolutions over the block's tokens; per drafted slot top-16 over the rank's vocabulary, the
+    4096 -> 256 hidden_projection and 16 x 256 scoring, in place of that slot's argmax."""
+    database = aic.open_database("b200", "1.3.0rc20")
+    target = aic.build_target(QWEN, 2, database)
+    drafter, _, shape = read_drafter(str(write_dflash2(tmp_path)))
+    v1 = StepModel(target, drafter, database, ISL, OSL)
+    v2 = StepModel(target, drafter, database, ISL, OSL, dflash2=shape)
+    db = perf_database.get_database_view("b200_sxm", "trtllm", "1.3.0rc20", database_mode="SILICON")
+    handle, bf16, h = EngineHandle.for_database(db), common.GEMMQuantMode.bfloat16, 4096
+    s_mid, batch, k = ISL + OSL // 2 + 1, 16, 7
+
+    def one_by_one(op_list, rows, s):
+        return sum(handle.evaluate_ops_json(build_ops_json([op]), is_context=False, batch_size=rows, s=s)[0][1]
+                   for op in op_list)
+
+    conv = [ops.GEMM("kp", 10, 2 * 2 * 256, h, bf16), ops.ElementWise("conv", 20, 2 * h + 2 * 256, h, 0.8)]
+    selector = [ops.ElementWise("topk", 1, 151936 // 2, 32, 0.8), ops.GEMM("hp", 1, 256, h, bf16),
+                ops.ElementWise("score", 1, 18 * 256, 16, 0.8)]
+    argmax = [ops.ElementWise("argmax", 1, 151936 // 2, 1, 0.8)]
+    a, b = v1.cost(batch, k, 3.0), v2.cost(batch, k, 3.0)
+    assert b.draft_ms - a.draft_ms == pytest.approx(one_by_one(conv, batch * (k + 1), s_mid + k + 1)
+                                                    + one_by_one(selector, batch * k, s_mid), rel=1e-6)
+    assert a.sampling_ms == pytest.approx(one_by_one(argmax, 2 * batch * k, s_mid), rel=1e-6)  # verify + drafted
+    assert b.sampling_ms == pytest.approx(one_by_one(argmax, batch * k, s_mid), rel=1e-6)  # verify's slots only
+    assert b.verify_ms == a.verify_ms and b.context_kv_ms == a.context_kv_ms
+    # a sliding window of 256 keys: the drafter's attention reads 256 - 1 + the block, not the whole context
+    windowed = StepModel(target, drafter, database, ISL, OSL, dflash2=read_drafter(str(write_dflash2(tmp_path, 256)))[2])
+    att = v2.attention_ops
+    assert b.draft_ms - windowed.cost(batch, k, 3.0).draft_ms == pytest.approx(
+        one_by_one(att + conv, batch * (k + 1), s_mid + k + 1) - one_by_one(att + conv, batch * (k + 1), 256 + k),
+        rel=1e-6, abs=1e-9)

@@ -6,6 +6,7 @@ and a Markdown report. `make_report(spec)` is what the CLI calls.
     frontier.png                  throughput per GPU against interactivity, all points and each frontier
     ttft_vs_throughput.png        median TTFT against throughput per GPU
     acceptance_vs_concurrency.png acceptance length (server counters) against load
+    plan_overlay.png              with --plan: each run's output-throughput frontier beside the plan's (overlay.py)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.errors import DFlashError
+from . import overlay
 from .frontier import AT_OR_ABOVE, ON_FRONTIER, Point, pareto_frontier, read_frontier
 from .results import MANIFEST, SUMMARY_JSON, csv_text, utc_now, write_atomic
 from .spec import ReportSpec
@@ -43,6 +45,8 @@ class Report:
     baseline: str
     rows: list[dict[str, Any]]  # interactivity, label, throughput_per_gpu, ratio_to_baseline (None: n/a)
     files: list[Path] = field(default_factory=list)
+    plan: Any = None  # overlay.Plan with --plan
+    overlay: list[dict[str, Any]] = field(default_factory=list)  # overlay.overlay_rows
 
 
 def load_run(path: str | Path) -> Run:
@@ -106,6 +110,11 @@ def make_report(spec: ReportSpec) -> Report:
     out = Path(spec.output)
     out.mkdir(parents=True, exist_ok=True)
     report = Report(out, baseline, headline(runs, spec.interactivity, baseline, spec.interpolation))
+    if spec.plan:
+        report.plan = overlay.load_plan(spec.plan)
+        report.overlay = overlay.overlay_rows(runs, report.plan, spec.interactivity, spec.interpolation)
+        report.files.append(overlay.overlay_png(out / "plan_overlay.png", runs, report.plan, spec.interactivity,
+                                                spec.interpolation))
     report.files += write_table(out, report, runs, spec)
     report.files += plots.write_all(out, runs, spec.interactivity, spec.interpolation)
     write_atomic(out / "report.md", markdown(report, runs, spec))
@@ -123,6 +132,10 @@ def write_table(out: Path, report: Report, runs: list[Run], spec: ReportSpec) ->
             "interpolation": spec.interpolation, "baseline": report.baseline, "levels": list(spec.interactivity),
             "rows": report.rows, "frontiers": {r.label: r.frontier for r in runs},
             "runs": {r.label: str(r.dir) for r in runs}}
+    if report.plan:
+        data["plan_overlay"] = {"plan": str(report.plan.path), "metric": "output tok/s/GPU at median interactivity, "
+                                "each run's and each plan method's frontier", "rows": report.overlay,
+                                "frontiers": report.plan.fronts, "input_mismatches": overlay.mismatches(runs, report.plan)}
     write_atomic(out / "table.json", json.dumps(data, indent=2) + "\n")
     return [out / "table.csv", out / "table.json"]
 
@@ -150,6 +163,9 @@ def markdown(report: Report, runs: list[Run], spec: ReportSpec) -> str:
         ["## Throughput per GPU at fixed interactivity", headline_table(report, runs), note, *PLOTS],
         ["## Points"] + [f"### {run.label}\n\n{points_table(run.points)}" for run in runs],
     ]
+    if report.plan:
+        sections.insert(3, ["## Beside the plan", overlay.overlay_markdown(report.overlay, report.plan, runs),
+                            "![measured beside the plan](plan_overlay.png)"])
     return "\n\n".join(block for section in sections for block in section) + "\n"
 
 

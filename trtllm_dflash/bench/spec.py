@@ -210,6 +210,7 @@ class ReportSpec:
     baseline: str | None = None  # a run's label; default: the first run
     interactivity: tuple[float, ...] = DEFAULT_LEVELS  # tok/s/user levels of the headline table
     interpolation: str = "pchip"  # or 'linear'
+    plan: str | None = None  # a dflash-bench plan directory (or its plan.json) to overlay
 
     def __post_init__(self):
         if not self.runs:

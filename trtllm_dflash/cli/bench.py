@@ -53,6 +53,8 @@ def report_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interactivity", default="50,100,200,500", help="tok/s/user levels of the table")
     p.add_argument("--interpolation", default="pchip", help="pchip (default) | linear")
     p.add_argument("--output", default="bench_report", help="report directory (default bench_report)")
+    p.add_argument("--plan", metavar="PLAN_DIR", help="a dflash-bench plan directory: its frontiers beside the runs' "
+                   "(output tok/s/GPU), in the report's table and plan_overlay.png")
 
 
 def tune_flags(p: argparse.ArgumentParser) -> None:
@@ -65,7 +67,8 @@ def tune_flags(p: argparse.ArgumentParser) -> None:
 def plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, help="target: an AIConfigurator model id (Qwen/Qwen3-8B, "
                    "openai/gpt-oss-120b, ...) or a directory with its config.json")
-    p.add_argument("--drafter", required=True, help="DFlash drafter directory (its config.json)")
+    p.add_argument("--drafter", required=True, help="DFlash or DFlash2 drafter directory (its config.json, "
+                   "z-lab's or speculators' layout: the method is read from it)")
     p.add_argument("--gpu", required=True, help="AIConfigurator system: h100_sxm, h200_sxm, b200_sxm, b300_sxm, "
                    "gb200, gb300 (or h100, h200, b200, b300)")
     p.add_argument("--gpus", type=int, required=True, help="GPUs of the node: TP x replicas")
@@ -85,8 +88,23 @@ def plan_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-attention", default="per-query", help="verify attention over k + 1 tokens a request: "
                    "per-query (default: k + 1 decode queries, AIConfigurator's MTP convention, an upper bound) or "
                    "per-request (one KV read a request, a lower bound); the drafter's attention likewise")
+    p.add_argument("--eagle3", metavar="DIR", help="an EAGLE-3 drafter (its config.json): a second baseline, "
+                   "one layer run k times a step")
+    p.add_argument("--eagle3-acceptance", metavar="FILE", help="its acceptance profile (the format of --acceptance)")
+    p.add_argument("--eagle3-tau", type=float, help="instead: its mean acceptance length at --eagle3-max-draft-len")
+    p.add_argument("--eagle3-max-draft-len", type=int, default=3, help="the longest EAGLE-3 chain planned "
+                   "(default 3)")
     p.add_argument("--output", help="directory for plan.json, points.csv, frontier.png and the schedule files")
     p.add_argument("--json", action="store_true", help="print plan.json on stdout")
+
+
+def acceptance_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("runs", nargs="+", metavar="RUN", help="files of dflash-generate --json output (one object a "
+                   "line; pooled), or one dflash-bench sweep run directory")
+    p.add_argument("--draft-len", type=int, help="a sweep's fixed draft length (default: from its counters)")
+    p.add_argument("--note", help="the profile's source text (default: the runs and their step count)")
+    p.add_argument("--output", required=True, help="the profile file to write (JSON, for dflash-bench plan "
+                   "--acceptance)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -97,6 +115,8 @@ def parser() -> argparse.ArgumentParser:
     report_flags(sub.add_parser("report", help="frontiers, table and plots of one or more runs"))
     tune_flags(sub.add_parser("tune", help="a draft_len_schedule (concurrency -> draft length) from sweeps at fixed "
                                            "draft lengths, for dflash-build --backend trtllm --draft-len-schedule"))
+    acceptance_flags(sub.add_parser("acceptance", help="a per-position acceptance profile for plan --acceptance, "
+                                                       "from dflash-generate --json runs or a sweep"))
     plan_flags(sub.add_parser("plan", help="project plain decoding's and DFlash's throughput at fixed interactivity "
                                            "from AIConfigurator's silicon data (needs the plan extra)"))
     return p
@@ -126,7 +146,8 @@ def run_report_command(args: argparse.Namespace) -> int:
     from ..bench.report import make_report
     from ..bench.spec import ReportSpec
 
-    spec = ReportSpec(tuple(args.runs), args.output, args.baseline, args.interactivity, args.interpolation)
+    spec = ReportSpec(tuple(args.runs), args.output, args.baseline, args.interactivity, args.interpolation,
+                      args.plan)
     report = make_report(spec)
     print(f"report: {report.dir / 'report.md'}")
     return 0
@@ -145,6 +166,20 @@ def run_tune_command(args: argparse.Namespace) -> int:
     path = write_schedule(args.output, schedule)
     print(f"draft_len_schedule {schedule.as_option()} (max_draft_len {schedule.max_draft_len}; above concurrency "
           f"{schedule.steps[-1][0]} speculation is off): {path}")
+    return 0
+
+
+def run_acceptance_command(args: argparse.Namespace) -> int:
+    from ..bench.plan.acceptance import write_profile
+    from ..bench.plan.measured import profile_from_runs
+
+    if args.draft_len is not None and args.draft_len < 1:
+        raise DFlashError(f"--draft-len must be >= 1, got {args.draft_len}")
+    profile = profile_from_runs(args.runs, args.draft_len, args.note)
+    path = write_profile(args.output, profile)
+    rates = " ".join(f"{a:.3f}" for a in profile.per_position)
+    print(f"acceptance profile ({len(profile.per_position)} positions: {rates}; E[tokens | k = "
+          f"{len(profile.per_position)}] {profile.tokens_per_step(len(profile.per_position)):.2f}): {path}")
     return 0
 
 
@@ -168,7 +203,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
                     interactivity=numbers(args.interactivity, float, "--interactivity") or DEFAULT_LEVELS,
                     backend_version=args.backend_version,
                     batches=numbers(args.batches, int, "--batches") or DEFAULT_BATCHES,
-                    verify_attention=args.verify_attention, output=args.output)
+                    verify_attention=args.verify_attention, eagle3=args.eagle3,
+                    eagle3_acceptance=args.eagle3_acceptance, eagle3_tau=args.eagle3_tau,
+                    eagle3_max_draft_len=args.eagle3_max_draft_len, output=args.output)
     plan, _ = run_plan(spec)
     if args.json:
         print(json.dumps(plan, indent=1))
@@ -176,8 +213,9 @@ def run_plan_command(args: argparse.Namespace) -> int:
     for row in plan["at_interactivity"]:
         c = row["config"]
         best = f"TP{c['tp']} x{c['replicas']}, batch {c['batch']}, k {c['draft_len']}" if c else "unreachable"
-        print(f">= {row['tok_s_user']:g} tok/s/user: plain {row['plain_tok_s_gpu']}, dflash {row['dflash_tok_s_gpu']} "
-              f"tok/s/GPU (ratio {row['ratio']}; {best})")
+        eagle3 = f", eagle3 {row['eagle3_tok_s_gpu']}" if "eagle3_tok_s_gpu" in row else ""
+        print(f">= {row['tok_s_user']:g} tok/s/user: plain {row['plain_tok_s_gpu']}, dflash {row['dflash_tok_s_gpu']}"
+              f"{eagle3} tok/s/GPU (ratio {row['ratio']}; {best})")
     print(f"plan: {Path(args.output) / 'plan.json' if args.output else '(no --output)'} ({plan['provenance']['database']}, {plan['run_seconds']} s)")
     return 0
 
@@ -191,10 +229,12 @@ def run(argv: list[str] | None) -> int:
         return run_report_command(args)
     if args.command == "tune":
         return run_tune_command(args)
+    if args.command == "acceptance":
+        return run_acceptance_command(args)
     if args.command == "plan":
         return run_plan_command(args)
-    raise DFlashError("choose a command: sweep, report or tune (measured runs: dflash-bench sweep --help), or plan "
-                      "(a projection: dflash-bench plan --help)")
+    raise DFlashError("choose a command: sweep, report or tune (measured runs: dflash-bench sweep --help), or "
+                      "acceptance and plan (a projection: dflash-bench plan --help)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,6 +9,7 @@ from ...config.model import DrafterConfig, read_config_json
 from ...models.registry import parse_drafter_config
 from ...utils.errors import DFlashError
 from .acceptance import AcceptanceProfile, geometric, read_profile
+from .dflash2 import Dflash2Shape, split
 from .step import VERIFY_ATTENTION
 
 DEFAULT_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
@@ -32,6 +33,10 @@ class PlanSpec:
     backend_version: str = "current"  # a TensorRT-LLM version slot of AIConfigurator's database
     batches: tuple[int, ...] = DEFAULT_BATCHES          # running batch sizes per replica
     verify_attention: str = "per-query"  # how verify attention reads the KV cache (step.VERIFY_ATTENTION)
+    eagle3: str | None = None         # an EAGLE-3 drafter (its config.json): the second baseline
+    eagle3_acceptance: str | None = None  # its profile file, or
+    eagle3_tau: float | None = None   # its mean acceptance length at eagle3_max_draft_len (geometric model)
+    eagle3_max_draft_len: int = 3     # the longest chain planned (the tau's draft length)
     output: str | None = None
 
     def __post_init__(self):
@@ -49,6 +54,12 @@ class PlanSpec:
             raise DFlashError(f"--batches must be positive, got {list(self.batches)}")
         if self.verify_attention not in VERIFY_ATTENTION:
             raise DFlashError(f"--verify-attention {self.verify_attention!r}: choose {' or '.join(VERIFY_ATTENTION)}")
+        if self.eagle3 is not None and (self.eagle3_acceptance is None) == (self.eagle3_tau is None):
+            raise DFlashError("--eagle3 needs one of --eagle3-acceptance FILE or --eagle3-tau T")
+        if self.eagle3 is None and (self.eagle3_acceptance, self.eagle3_tau) != (None, None):
+            raise DFlashError("--eagle3-acceptance / --eagle3-tau need --eagle3 DIR (the drafter's config.json)")
+        if self.eagle3_max_draft_len < 1:
+            raise DFlashError(f"--eagle3-max-draft-len must be >= 1, got {self.eagle3_max_draft_len}")
         if not self.interactivity or min(self.interactivity) <= 0:
             raise DFlashError(f"--interactivity must be positive tok/s/user, got {list(self.interactivity)}")
 
@@ -59,14 +70,16 @@ class PlanSpec:
         return {**asdict(self), "tp": list(self.tp_sizes())}
 
 
-def read_drafter(where: str) -> tuple[DrafterConfig, str]:
-    """(the drafter's config, its config.json path): a directory or the config.json itself."""
+def read_drafter(where: str) -> tuple[DrafterConfig, str, Dflash2Shape | None]:
+    """(the drafter's config, its config.json path, its DFlash2 shape or None): a directory or the config.json
+    itself; the method (DFlash, DFlash2; z-lab's or speculators' layout) from the config (dflash2.split)."""
     path = Path(where)
     folder = path.parent if path.name == "config.json" else path
     if not folder.is_dir():
         raise DFlashError(f"--drafter {where!r}: no such directory (give a drafter directory with its config.json)")
     source = str(folder / "config.json")
-    return parse_drafter_config(read_config_json(folder), source), source
+    data, shape = split(read_config_json(folder), source)
+    return parse_drafter_config(data, source), source, shape
 
 
 def target_id(where: str) -> str:
@@ -78,10 +91,17 @@ def target_id(where: str) -> str:
 
 
 def acceptance_profile(spec: PlanSpec, drafter: DrafterConfig) -> AcceptanceProfile:
+    """The measured file, or the geometric model at the drafter's block size. A file measured at draft lengths
+    below block_size - 1 plans only the draft lengths it covers (search.Grid.max_draft_len)."""
     if spec.acceptance is not None:
-        profile = read_profile(spec.acceptance)
-        if len(profile.per_position) < drafter.block_size - 1:
-            raise DFlashError(f"{spec.acceptance}: per_position has {len(profile.per_position)} rates; the drafter "
-                              f"drafts up to {drafter.block_size - 1} tokens (block size {drafter.block_size})")
-        return profile
+        return read_profile(spec.acceptance)
     return geometric(spec.tau, drafter.block_size)
+
+
+def eagle3_profile(spec: PlanSpec) -> AcceptanceProfile | None:
+    """The baseline's acceptance: its file, or the geometric model over eagle3_max_draft_len positions."""
+    if spec.eagle3 is None:
+        return None
+    if spec.eagle3_acceptance is not None:
+        return read_profile(spec.eagle3_acceptance)
+    return geometric(spec.eagle3_tau, spec.eagle3_max_draft_len + 1)

@@ -34,8 +34,9 @@ def drafter_params(d: DrafterConfig) -> int:
 
 
 def dflash_extra_gib(d: DrafterConfig, target_hidden: int, tp: int, batch: int, max_seq_len: int,
-                     version: str, sm_version: int) -> dict:
-    """GiB per GPU: {"drafter_weights", "context_arena", "capture", "total"}."""
+                     version: str, sm_version: int, extra_params: int = 0) -> dict:
+    """GiB per GPU: {"drafter_weights", "context_arena", "capture", "total"}; `extra_params`: weights a variant
+    adds (DFlash2's convolutions and selector, dflash2.Dflash2Shape.extra_params), bfloat16, split as the rest."""
     m = MemoryInputs(
         tp=tp, max_batch_size=batch, max_seq_len=max_seq_len, max_num_tokens=MAX_NUM_TOKENS,
         max_draft_len=d.block_size - 1, attention_backend=attention_backend(sm_version), weight_bytes=0,
@@ -44,7 +45,7 @@ def dflash_extra_gib(d: DrafterConfig, target_hidden: int, tp: int, batch: int, 
         drafter_kv_heads=d.num_key_value_heads, drafter_head_dim=d.head_dim,
         drafter_max_positions=d.max_position_embeddings, itemsize=BF16, drafter_itemsize=BF16, budget_gib=0.0,
         rules=context_rules(version))
-    parts = {"drafter_weights": math.ceil(drafter_params(d) * BF16 / tp) / GIB,
+    parts = {"drafter_weights": math.ceil((drafter_params(d) + extra_params) * BF16 / tp) / GIB,
              "context_arena": 0.0 if m.managed else ctx_arena_bytes(m, m.attention_backend in m.rules.paged) / GIB,
              "capture": MAX_NUM_TOKENS * target_hidden * len(d.target_layer_ids) * BF16 / GIB}
     return {**{k: round(v, 4) for k, v in parts.items()}, "total": round(sum(parts.values()), 4)}

@@ -18,7 +18,7 @@ CSV_KEYS = ("method", "tp", "replicas", "batch", "draft_len", "tok_s_user", "tok
 
 
 def method(p: dict) -> str:
-    return "plain" if p["draft_len"] == 0 else "dflash"
+    return p["method"]
 
 
 def frontier_entry(p: dict) -> dict:

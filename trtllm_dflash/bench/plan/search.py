@@ -18,6 +18,8 @@ from ..frontier import pareto_frontier
 from . import aic
 from .acceptance import AcceptanceProfile
 from .memory import dflash_extra_gib
+from .dflash2 import Dflash2Shape
+from .eagle3 import Eagle3Drafter, Eagle3Steps
 from .step import StepModel
 
 
@@ -35,6 +37,15 @@ class Grid:
     isl: int
     osl: int
     verify_attention: str = "per-query"
+    eagle3: Eagle3Drafter | None = None            # the baseline drafter, where the user gives one
+    eagle3_profile: AcceptanceProfile | None = None
+    eagle3_max_draft_len: int = 0
+    dflash2: Dflash2Shape | None = None            # the drafter's DFlash2 shape; None: a DFlash drafter
+
+    @property
+    def max_draft_len(self) -> int:
+        """The drafter's block less its anchor, or fewer where the acceptance profile covers fewer positions."""
+        return min(self.drafter.block_size - 1, len(self.profile.per_position))
 
 
 def point(tp: int, replicas: int, batch: int, k: int, tpot_ms: float, ttft_ms: float, osl: int, **extra) -> dict:
@@ -45,29 +56,47 @@ def point(tp: int, replicas: int, batch: int, k: int, tpot_ms: float, ttft_ms: f
 
 
 def layout_points(grid: Grid, tp: int) -> list[dict]:
-    """Every (batch, k) point of one TP layout, plain (k = 0) and DFlash (k = 1 .. block_size - 1)."""
+    """Every (batch, k) point of one TP layout: plain (k = 0), DFlash (k = 1 .. grid.max_draft_len) and, with a
+    baseline drafter, EAGLE-3 (k = 1 .. grid.eagle3_max_draft_len); each point names its `method`."""
     target = aic.build_target(grid.target, tp, grid.database)
-    steps = StepModel(target, grid.drafter, grid.database, grid.isl, grid.osl, grid.verify_attention)
+    steps = StepModel(target, grid.drafter, grid.database, grid.isl, grid.osl, grid.verify_attention, grid.dflash2)
+    eagle = Eagle3Steps(steps, grid.eagle3) if grid.eagle3 else None
     sm = grid.database.db.system_spec["gpu"]["sm_version"]
     replicas, out = grid.gpus // tp, []
     for batch in grid.batches:
         plain = aic.plain_estimate(target, grid.database, batch, grid.isl, grid.osl)
         if plain.oom:
             break  # larger batches need more memory still
-        out.append(point(tp, replicas, batch, 0, plain.tpot_ms, plain.ttft_ms, grid.osl, tokens_per_step=1.0,
-                         memory_gib=round(plain.memory_gib, 3), source="aiconfigurator run_static"))
+        out.append(point(tp, replicas, batch, 0, plain.tpot_ms, plain.ttft_ms, grid.osl, method="plain",
+                         tokens_per_step=1.0, memory_gib=round(plain.memory_gib, 3), source="aiconfigurator run_static"))
         extra = dflash_extra_gib(grid.drafter, target.facts["hidden_size"], tp, batch, grid.isl + grid.osl,
-                                 grid.database.version, sm)
+                                 grid.database.version, sm, grid.dflash2.extra_params(grid.drafter) if grid.dflash2 else 0)
         memory = plain.memory_gib + extra["total"]
-        if memory > grid.database.capacity_gib:
-            continue
-        ttft = plain.ttft_ms + steps.prefill_extra_ms(batch)
-        for k in range(1, grid.drafter.block_size):
-            tokens = grid.profile.tokens_per_step(k)
-            cost = steps.cost(batch, k, tokens)
-            out.append(point(tp, replicas, batch, k, cost.total_ms / tokens, ttft, grid.osl, tokens_per_step=tokens,
-                             step_ms=cost.parts(), memory_gib=round(memory, 3), memory_dflash_gib=extra,
-                             flagged_ops=cost.flagged))
+        if memory <= grid.database.capacity_gib:
+            ttft = plain.ttft_ms + steps.prefill_extra_ms(batch)
+            for k in range(1, grid.max_draft_len + 1):
+                tokens = grid.profile.tokens_per_step(k)
+                cost = steps.cost(batch, k, tokens)
+                out.append(point(tp, replicas, batch, k, cost.total_ms / tokens, ttft, grid.osl, method="dflash",
+                                 tokens_per_step=tokens, step_ms=cost.parts(), memory_gib=round(memory, 3),
+                                 memory_dflash_gib=extra, flagged_ops=cost.flagged))
+        if eagle:
+            out += eagle3_points(grid, eagle, plain, tp, replicas, batch)
+    return out
+
+
+def eagle3_points(grid: Grid, eagle: Eagle3Steps, plain: aic.PlainEstimate, tp: int, replicas: int,
+                  batch: int) -> list[dict]:
+    memory = plain.memory_gib + eagle.extra_gib(batch, grid.isl + grid.osl)
+    if memory > grid.database.capacity_gib:
+        return []
+    ttft, out = plain.ttft_ms + eagle.prefill_extra_ms(batch), []
+    for k in range(1, grid.eagle3_max_draft_len + 1):
+        tokens = grid.eagle3_profile.tokens_per_step(k)
+        cost = eagle.cost(batch, k)
+        out.append(point(tp, replicas, batch, k, cost.total_ms / tokens, ttft, grid.osl, method="eagle3",
+                         tokens_per_step=tokens, step_ms=cost.parts(), memory_gib=round(memory, 3),
+                         flagged_ops=cost.flagged))
     return out
 
 
@@ -96,7 +125,7 @@ def schedule_for(points: list[dict], tp: int, source: str) -> DraftLenSchedule |
     batch 1 already."""
     best: dict[int, dict] = {}
     for p in points:
-        if p["tp"] == tp and (p["batch"] not in best or p["tok_s_gpu"] > best[p["batch"]]["tok_s_gpu"]):
+        if p["tp"] == tp and p["method"] != "eagle3" and (p["batch"] not in best or p["tok_s_gpu"] > best[p["batch"]]["tok_s_gpu"]):
             best[p["batch"]] = p
     steps: list[tuple[int, int]] = []
     for batch in sorted(best):

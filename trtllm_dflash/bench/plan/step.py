@@ -11,7 +11,8 @@ A step (dflash.md, "Generation loop"; TensorRT-LLM's DFlash worker) runs, per re
 - context KV: the `fc` fusion of the captured target hidden states and every drafter layer's K/V projection of the
   tokens the step accepted (E[tokens | k] a request; stored once, not recomputed), and the capture itself;
 - sampling: argmax over the vocabulary at the k extra verify slots and the k drafted slots (plain decoding's one
-  slot is in AIConfigurator's own estimate);
+  slot is in AIConfigurator's own estimate); a DFlash2 drafter's selector replaces the drafted slots' argmax and
+  its convolutions join the layers (dflash2.py);
 - communication: the drafter layers' two all-reduces at the TP size (AIConfigurator's CustomAllReduce).
 Drafter ops are queried op by op at decode shapes (GEMM rows = tokens; attention as decode queries over s keys,
 AIConfigurator's convention for MTP's k + 1 verify queries). Sharding follows the target's TP (heads, MLP columns);
@@ -24,7 +25,8 @@ import math
 from dataclasses import dataclass, field
 
 from ...config.model import DrafterConfig
-from . import aic
+from . import aic, dflash2
+from .dflash2 import Dflash2Shape
 
 PARTS = ("verify_ms", "draft_ms", "context_kv_ms", "sampling_ms")
 VERIFY_ATTENTION = ("per-query", "per-request")
@@ -106,11 +108,15 @@ class StepModel:
     isl: int
     osl: int
     verify_attention: str = "per-query"
+    dflash2: Dflash2Shape | None = None  # a DFlash2 drafter's extra shape (dflash2.py); None: DFlash
 
     def __post_init__(self):
         tp, vocab = self.target.tp, self.target.facts["vocab_size"]
         kv_quant = self.target.model.config.kvcache_quant_mode
         layer_ops = drafter_layer_ops(self.drafter, tp, kv_quant)
+        if self.dflash2:
+            layer_ops += dflash2.conv_ops(self.drafter, self.dflash2)
+        self.selector_ops = dflash2.selector_ops(self.drafter, self.dflash2, vocab, tp) if self.dflash2 else []
         self.attention_ops = [op for op in layer_ops if op._name == "drafter_attention"]
         self.layer_ops = [op for op in layer_ops if op._name != "drafter_attention"]
         self.embed_ops, self.head_ops = drafter_io_ops(self.drafter, vocab, tp)
@@ -137,12 +143,14 @@ class StepModel:
         if k == 0:
             return StepCost(verify, 0.0, 0.0, 0.0, flagged)
         db, block = self.database, batch * (k + 1)
-        draft = aic.evaluate_ops(db, self.embed_ops + self.layer_ops, block, self.s_mid + k + 1)
+        keys = dflash2.attention_keys(self.dflash2, self.s_mid, k)
+        draft = aic.evaluate_ops(db, self.embed_ops + self.layer_ops, block, keys)
         reads = block if self.verify_attention == "per-query" else batch  # KV reads, as for the verify
-        draft += aic.evaluate_ops(db, self.attention_ops, reads, self.s_mid + k + 1)
-        draft += aic.evaluate_ops(db, self.head_ops, batch * k, self.s_mid)
+        draft += aic.evaluate_ops(db, self.attention_ops, reads, keys)
+        draft += aic.evaluate_ops(db, self.head_ops + self.selector_ops, batch * k, self.s_mid)
         ctx = aic.evaluate_ops(db, self.ctx_ops, batch * tokens_per_step, self.s_mid)
-        sample = aic.evaluate_ops(db, self.sample_ops, 2 * batch * k, self.s_mid)
+        # argmax at the verify's k extra slots, and at the k drafted ones unless DFlash2's selector picks them
+        sample = aic.evaluate_ops(db, self.sample_ops, (1 if self.dflash2 else 2) * batch * k, self.s_mid)
         for name, _ms, src in draft + ctx + sample:
             if src not in ("silicon", "none"):
                 flagged[name] = src
