@@ -25,7 +25,7 @@ def serving(builtin, root, tp=1, decoding="dflash", step_mode="auto", **settings
     log = open(root / "server.log", "w")
     proc = start_server(find_tritonserver(root / "triton"), root / "repo", ends, log)
     try:
-        wait_ready(proc, timeout=240)
+        wait_ready(proc, timeout=600)  # a liveness bound: --step-mode compile compiles while loading
     except Exception:
         stop_server(proc, grace=5)
         raise AssertionError((root / "server.log").read_text()[-3000:])
