@@ -13,7 +13,20 @@ from helpers.engines import EngineFactory  # noqa: E402
 from helpers.tiny_models import make_hf_target, write_drafter  # noqa: E402
 from helpers.triton import serving  # noqa: E402
 
-torch.set_num_threads(2)
+
+def _one_lane_per_worker() -> None:
+    """Under pytest-xdist, worker gwN runs on core N alone (its affinity), and so do the servers and CLIs it starts
+    (they inherit it and size their torch threads from it: utils/threads.py). Two workers each at two threads on two
+    cores wait at each other's thread barriers; two one-core lanes do not."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if worker.startswith("gw") and len(cores) >= count > 1:
+        os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
+
+
+_one_lane_per_worker()
+torch.set_num_threads(min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 2)
 
 # Fixtures worth setting up once per worker process under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`):
 # their tests share one worker. Every other test is grouped by its file, so module fixtures are set up once too.
