@@ -25,10 +25,9 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/dflash-demo
 
-# two workers, one per core: most tests are single-threaded Python or wait on a subprocess; tests that share the
-# session's Triton server, and each file's tests, stay on one worker (tests/conftest.py)
+# one process: torch.compile's compile workers and torch's threads use both cores (tests/README.md: why not xdist)
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 --dist loadgroup
+	$(PY) -m pytest -q
 
 # the edit loop: no test marked slow (over about 10 s) and none that starts tritonserver (tests/README.md)
 test-fast: $(VENV)/.installed
