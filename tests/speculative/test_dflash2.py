@@ -117,3 +117,11 @@ def test_sampled_q_is_the_softmax_over_the_candidates(small_vocab_pair):
     assert ((q > 0).sum(-1)[:3] == 4).all() and torch.allclose(q.sum(-1), torch.ones(q.shape[:2]))
     assert (q.gather(-1, drafts[..., None]) > 0).all()
     assert ((q[3] == 1).sum(-1) == 1).all()  # the greedy row's proposal is one-hot
+
+
+@pytest.mark.slow  # compiles the target's and the drafter's steps
+def test_compiled_steps_decode_exactly(pair):
+    hf, target_dir, drafter_dir = pair
+    gen = load_pipeline(target_dir, drafter_dir, step_mode="compile").generator
+    results = gen.generate([Request(tuple(p), N, ignore_eos=True) for p in PROMPTS])
+    assert [r.output_ids for r in results] == [hf_greedy(hf, p, N) for p in PROMPTS]

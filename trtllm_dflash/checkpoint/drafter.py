@@ -38,7 +38,7 @@ class DrafterCheckpoint:
         (the library itself re-reads them from the verifier on load)."""
         tensors = load_tensors(self.path)
         mapped = [name for name in ("d2t", "t2d") if name in tensors]
-        if mapped and self.config.method == "dflash2":  # speculators dflash2/core.py:82-88; TensorRT-LLM refuses too
+        if mapped and self.config.method == "dflash2":  # speculators dflash2/core.py:36-43; TensorRT-LLM refuses too
             raise DFlashError(f"{self.path}: a reduced-vocabulary DFlash2 drafter (tensor '{mapped[0]}') is not "
                               "supported: DFlash2 drafts over the target's full vocabulary")
         if self.format == "speculators":

@@ -45,6 +45,6 @@ class DFlash2Config:
             raise DFlashError(f"{source}: field 'conv_group_size' {group} does not divide hidden_size {hidden}")
         if k > block_size:  # model_definitions.py:122-125
             raise DFlashError(f"{source}: field 'conv_kernel_size' {k} exceeds block_size {block_size}")
-        if not 2 <= top_k <= vocab:  # TensorRT-LLM _validate_dflash2_config (>= 2); speculators core.py:44-48 (<= V)
+        if not 2 <= top_k <= vocab:  # TensorRT-LLM _validate_dflash2_config (>= 2); dflash2/core.py:44-48 (<= V)
             raise DFlashError(f"{source}: field 'selector_top_k' must be in 2..vocab_size {vocab}, got {top_k}")
         return cfg

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.errors import DFlashError
-from . import dflash2
-from .dflash2 import DFlash2Config
+from .dflash2 import ARCHITECTURE as DFLASH2_ARCHITECTURE
+from .dflash2 import KEYS as DFLASH2_KEYS
+from .dflash2 import DFlash2Config, is_dflash2
 from .family import Family, attention_layout, read_as_transformers, with_defaults
 from .fields import Fields, token_ids
 from .moe import MoeConfig
@@ -255,7 +256,7 @@ class DrafterConfig(DecoderConfig):
 
     @property
     def method(self) -> str:
-        """The drafting method: "dflash" or "dflash2" (speculative/__init__.py new_proposer picks its proposer)."""
+        """The drafting method: "dflash" or "dflash2" (speculative/__init__.py drafter_proposer picks its proposer)."""
         return "dflash" if self.dflash2 is None else "dflash2"
 
     @classmethod
@@ -263,9 +264,9 @@ class DrafterConfig(DecoderConfig):
         """family: the entry of the drafter's model_type, or Qwen3's (models/registry.py parse_drafter_config)."""
         archs = data.get("architectures") or []
         dflash = data.get("dflash_config")
-        if DRAFTER_ARCHITECTURE not in archs and not dflash2.is_dflash2(archs) and dflash is None:
+        if DRAFTER_ARCHITECTURE not in archs and not is_dflash2(archs) and dflash is None:
             raise DFlashError(f"{source}: unknown architecture {archs} for a drafter (expected {DRAFTER_ARCHITECTURE} "
-                              f"or {dflash2.ARCHITECTURE} with dflash_config)")
+                              f"or {DFLASH2_ARCHITECTURE} with dflash_config)")
         if not isinstance(dflash, dict):
             raise DFlashError(f"{source}: field 'dflash_config' must be an object, got {dflash!r}")
         check_drafter_fields(data, dflash, source)
@@ -276,7 +277,7 @@ class DrafterConfig(DecoderConfig):
         f = Fields({**data, **dflash}, source)
         block = f.get("block_size", int, 16, positive=True)
         second = (DFlash2Config.from_dict({**data, **dflash}, source, base["hidden_size"], block, base["vocab_size"])
-                  if dflash2.is_dflash2(archs) else None)
+                  if is_dflash2(archs) else None)
         layers = base["num_hidden_layers"]
         num_target_layers = f.get("num_target_layers", int, None)
         ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
@@ -316,21 +317,22 @@ NEUTRAL_DRAFTER_FIELDS = {
 def check_drafter_fields(data: dict[str, Any], dflash: dict[str, Any], source: str) -> None:
     """One-line refusal of drafter fields that would change the math this runtime computes."""
     archs = data.get("architectures") or []
-    second = dflash2.is_dflash2(archs)
+    second = is_dflash2(archs)
     if archs and DRAFTER_ARCHITECTURE not in archs and not second:
         raise DFlashError(f"{source}: unsupported drafter architecture {archs} (supported: {DRAFTER_ARCHITECTURE}, "
-                          f"{dflash2.ARCHITECTURE})")
-    known = DFLASH_CONFIG_KEYS + (dflash2.KEYS if second else ())
+                          f"{DFLASH2_ARCHITECTURE})")
+    known = DFLASH_CONFIG_KEYS + (DFLASH2_KEYS if second else ())
     unknown = sorted(set(dflash) - set(known))
     if unknown:
         raise DFlashError(f"{source}: unsupported dflash_config field '{unknown[0]}'={dflash[unknown[0]]!r} "
                           f"(known: {', '.join(known)})")
-    draft_vocab = data.get("draft_vocab_size", data.get("vocab_size"))
-    if draft_vocab != data.get("vocab_size"):  # its own LM head and a d2t map: DFlash2 refuses one (core.py:82-88)
-        raise DFlashError(f"{source}: field 'draft_vocab_size' {draft_vocab!r} != vocab_size {data.get('vocab_size')!r}: "
+    # a reduced vocabulary has its own LM head and a d2t map; speculators refuses it for DFlash2 (dflash2/core.py:36-43)
+    vocab = data.get("vocab_size")
+    if data.get("draft_vocab_size", vocab) != vocab:
+        raise DFlashError(f"{source}: field 'draft_vocab_size' {data['draft_vocab_size']!r} != vocab_size {vocab!r}: "
                           "a reduced draft vocabulary (d2t) is not supported; the drafter needs the target's")
     for key, neutral in NEUTRAL_DRAFTER_FIELDS.items():
-        if second and key in dflash2.KEYS:
+        if second and key in DFLASH2_KEYS:
             continue
         value = dflash.get(key, data.get(key, neutral))
         if value != neutral:

@@ -1,10 +1,10 @@
 """DFlash2: DFlash's block pass, then the candidate selector walks the block left to right.
 
 At each drafted slot j the drafter's unary logits z_j give K candidates (top-K, sorted), each scored
-s_j[c] = z_j[c] + <P[prev] * W_h h_j, S[c]> (speculators 0.9.0 `speculators/models/dflash2/model_definitions.py:268-299`,
-`CandidateSelector.score_candidates`), prev = the token drafted at slot j - 1 (the anchor at slot 1). speculators
-only scores (its training forward, `core.py:169-180`, teacher-forces the predecessors); the walk follows vLLM's
-DFlash2 speculator (vllm-project/vllm@030da624 `vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py`
+s_j[c] = z_j[c] + <P[prev] * W_h h_j, S[c]> (speculators 0.9.0 `speculators/models/dflash2/model_definitions.py`
+:268-299, `CandidateSelector.score_candidates`), prev = the token drafted at slot j - 1 (the anchor at slot 1).
+speculators only scores (its training forward teacher-forces the predecessors, `dflash2/core.py:124-135`); the walk
+follows vLLM's DFlash2 speculator (vllm-project/vllm@030da624 `vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py`
 `_selector_walk_kernel`): a greedy row takes the first index of the best score, a sampled row draws from
 softmax(s_j / T) (temperature only; top-k / top-p are the target's business) and the drawn token is the next
 predecessor. The draft distribution q_j is that softmax on the K candidates and zero elsewhere: exactly what the
