@@ -66,8 +66,9 @@ def test_proposals_are_the_library_walk_and_output_is_the_targets(pair):
                 assert drafts == walk, (start, drafts, walk)
                 moved, compared = moved + changed, compared + 1
             start += accepted
-    assert compared >= 4 and moved > 0  # the selector moved some drafts off the unary argmax
-    assert sum(result.acceptance_lengths) > len(result.acceptance_lengths)  # some drafts were accepted
+    # the selector moved some drafts off the unary argmax (a random drafter's drafts are rarely accepted: the
+    # sampling test below exercises acceptance)
+    assert compared >= 4 and moved > 0
 
 
 def test_batched_greedy_output_is_the_targets(pair):
