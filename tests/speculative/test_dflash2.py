@@ -46,6 +46,7 @@ def recording(proposer):
     return steps
 
 
+@pytest.mark.slow  # the library's forward per prompt, transformers' greedy by recomputation
 def test_proposals_are_the_library_walk_and_output_is_the_targets(pair):
     hf, target_dir, drafter_dir = pair
     pipe = load_pipeline(target_dir, drafter_dir)
@@ -92,16 +93,17 @@ def small_vocab_pair(tmp_path_factory):
     return hf, root / "target", root / "drafter"
 
 
+@pytest.mark.slow  # thousands of sampled requests
 def test_sampling_follows_the_target_distribution(small_vocab_pair):
     hf, target_dir, drafter_dir = small_vocab_pair
-    params = SamplingParams(1.0)
+    params, n_new, samples = SamplingParams(1.0), 2, SAMPLES // 2  # 36 cells, about 55 samples each
     gen = load_pipeline(target_dir, drafter_dir).generator
     assert isinstance(gen.proposer, DFlash2Proposer)
-    counts, results = sample(gen, params)
+    counts, results = sample(gen, params, n_new, samples)
     drafted = sum(r.drafted_tokens for r in results)
     accepted = sum(r.accepted_tokens for r in results)
     assert 0.1 * drafted < accepted < 0.9 * drafted  # both acceptance and rejection were exercised
-    rejects, stat, critical = chi_square_rejects(counts, exact_distribution(hf, params), SAMPLES)
+    rejects, stat, critical = chi_square_rejects(counts, exact_distribution(hf, params, n_new), samples)
     assert not rejects, f"chi-square {stat:.1f} > {critical:.1f}"
 
 
