@@ -33,6 +33,7 @@ def build(*args) -> int:
     return build_main([str(a) for a in args])
 
 
+@pytest.mark.slow  # two builds and a TP=2 dflash-generate process
 def test_torch_engines_verify_and_decode_exactly(pair, tmp_path):
     hf, target, drafter = pair
     expected = hf_greedy(hf, PROMPT, N)
