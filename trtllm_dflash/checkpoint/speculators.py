@@ -23,10 +23,10 @@ Rules read from speculators 0.9.0 (PyPI wheel; github.com/vllm-project/speculato
 - DFlash2 (`speculators/models/dflash2/config.py:13-45`): `speculators_model_type` "dflash2", architectures
   ["DFlash2DraftModel"], `sliding_window_non_causal` true by default, and `conv_kernel_size`, `conv_group_size`,
   `selector_rank`, `selector_top_k` at the top level, which z-lab's layout keeps in `dflash_config` beside
-  `block_size` (TensorRT-LLM's test fixture of a released DFlash2 config, PR #19159
-  TensorRT-LLM: tests/unittest/_torch/speculative/hw_agnostic/test_dflash2_semantics.py). The library has no DFlash2
-  converter of its own (`speculators/convert/`: dflash, eagle, mtp): its DFlash one is followed. `core.py:36-43`
-  refuses a reduced draft vocabulary.
+  `block_size` (the released config TensorRT-LLM PR #19159 pins, its
+  tests/unittest/_torch/speculative/hw_agnostic/test_dflash2_semantics.py). The library has no DFlash2 converter of
+  its own (`speculators/convert/`: dflash, eagle, mtp): its DFlash one is followed. `dflash2/core.py:36-43` refuses
+  a reduced draft vocabulary.
 """
 
 from __future__ import annotations

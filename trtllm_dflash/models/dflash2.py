@@ -12,7 +12,9 @@ As speculators 0.9.0 computes them (`speculators/models/dflash2/model_definition
 - `CandidateSelector` (:243-316): predecessor_codebook, successor_codebook [V, r], hidden_projection H -> r; the
   score of candidate c after token prev at hidden h is unary[c] + <P[prev] * W_h h, S[c]> (:268-299).
 Under tensor parallelism both are replicated: they act on the full hidden state, which every rank holds (the
-attention and MLP outputs are reduced before the residual).
+attention and MLP outputs are reduced before the residual). A pass must hold one block per row: training's explicit
+context, blocks side by side along dim 1 (train/objective.py), would convolve across them (dflash-train trains
+DFlash drafters only).
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import moe
+from ..config.dflash2 import is_dflash2
 from ..config.family import (
     GPT_OSS_DEFAULTS,
     Family,
@@ -23,7 +24,6 @@ from ..config.family import (
     qwen3_moe_layout,
 )
 from ..config.family import read_as_transformers as _read_as_transformers
-from ..config.dflash2 import is_dflash2
 from ..config.model import DRAFTER_ARCHITECTURE, DrafterConfig, TargetConfig
 from ..utils.errors import DFlashError
 from . import deepseek_v4, gemma4
