@@ -62,7 +62,7 @@ def test_prefixed_weight_names_are_rejected_clearly(tmp_path):
     (dict(layer_types=["full_attention"]), "field 'layer_types' must list 2"),
     (dict(layer_types=["sliding_attention", "full_attention"]), "has sliding_attention but no sliding_window "
                                                                 "(use_sliding_window is false)"),
-    (dict(architectures=["DFlash2DraftModel"]), "unsupported drafter architecture ['DFlash2DraftModel']"),
+    (dict(architectures=["DSparkDraftModel"]), "unsupported drafter architecture ['DSparkDraftModel']"),
     (dict(dflash_config={"mask_token_id": 1, "target_layer_ids": [1], "use_swa": True}),
      "unsupported dflash_config field 'use_swa'=True"),
     (dict(add_swa_attention_sink_bias=True), "unsupported drafter field 'add_swa_attention_sink_bias'=True"),

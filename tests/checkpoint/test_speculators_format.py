@@ -247,11 +247,10 @@ def speculators_config(tmp_path, name, cls, **fields):
 
 
 def test_other_algorithms_are_refused_in_one_line(targets, tmp_path, capsys):
-    from speculators import DFlash2SpeculatorConfig, DSparkSpeculatorConfig, Eagle3SpeculatorConfig
+    from speculators import DSparkSpeculatorConfig, Eagle3SpeculatorConfig
 
     dflash = {"aux_hidden_state_layer_ids": [1], "mask_token_id": MASK}
     cases = [(speculators_config(tmp_path, "eagle3", Eagle3SpeculatorConfig), "'eagle3' is an EAGLE-3 drafter"),
-             (speculators_config(tmp_path, "dflash2", DFlash2SpeculatorConfig, **dflash), "'dflash2' is a DFlash"),
              (speculators_config(tmp_path, "dspark", DSparkSpeculatorConfig, **dflash), "'dspark' is a DFlash")]
     for path, needle in cases:
         with pytest.raises(DFlashError, match=f"speculators_model_type {needle}"):

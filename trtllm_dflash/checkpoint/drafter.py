@@ -37,6 +37,10 @@ class DrafterCheckpoint:
         """The drafter's own tensors; a speculators file's copies of the verifier's embedding/head are dropped
         (the library itself re-reads them from the verifier on load)."""
         tensors = load_tensors(self.path)
+        mapped = [name for name in ("d2t", "t2d") if name in tensors]
+        if mapped and self.config.method == "dflash2":  # speculators dflash2/core.py:36-43; TensorRT-LLM refuses too
+            raise DFlashError(f"{self.path}: a reduced-vocabulary DFlash2 drafter (tensor '{mapped[0]}') is not "
+                              "supported: DFlash2 drafts over the target's full vocabulary")
         if self.format == "speculators":
             for name in VERIFIER_OWNED:
                 tensors.pop(name, None)

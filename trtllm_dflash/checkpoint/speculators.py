@@ -20,22 +20,29 @@ Rules read from speculators 0.9.0 (PyPI wheel; github.com/vllm-project/speculato
   agree while the context is shorter than W - block_size.
 - `speculators/models/utils.py` (`flatten_rope_parameters`): per-layer-type `rope_parameters` use the
   `sliding_attention` entry.
+- DFlash2 (`speculators/models/dflash2/config.py:13-45`): `speculators_model_type` "dflash2", architectures
+  ["DFlash2DraftModel"], `sliding_window_non_causal` true by default, and `conv_kernel_size`, `conv_group_size`,
+  `selector_rank`, `selector_top_k` at the top level, which z-lab's layout keeps in `dflash_config` beside
+  `block_size` (the released config TensorRT-LLM PR #19159 pins, its
+  tests/unittest/_torch/speculative/hw_agnostic/test_dflash2_semantics.py). The library has no DFlash2 converter of
+  its own (`speculators/convert/`: dflash, eagle, mtp): its DFlash one is followed. `dflash2/core.py:36-43` refuses
+  a reduced draft vocabulary.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..config import dflash2
 from ..utils.errors import DFlashError
 
 if TYPE_CHECKING:
     from ..config.model import DrafterConfig
 
 SPECULATORS_VERSION = "0.9.0"  # the release whose source the rules above were read from
-ALGORITHM = "dflash"
+ALGORITHMS = ("dflash", "dflash2")  # speculators_model_type = the drafter's method (DrafterConfig.method)
 # Other speculators_model_type values: why this runtime cannot run them.
 OTHER_ALGORITHMS = {
-    "dflash2": "a DFlash variant whose math differs (local convolutions and a candidate selector)",
     "dspark": "a DFlash variant whose math differs (a Markov logit-bias head; the anchor slot drafts too)",
     "xpress": "a DFlash variant whose math differs (a causal refiner head resolved by Jacobi passes)",
     "eagle3": "an EAGLE-3 drafter, not DFlash", "peagle": "a parallel EAGLE drafter, not DFlash",
@@ -59,7 +66,7 @@ def is_speculators(config: dict[str, Any]) -> bool:
 
 def to_zlab(config: dict[str, Any], source: str) -> dict[str, Any]:
     """A speculators DFlash config.json -> the same drafter in z-lab's layout; refuses what would run wrong."""
-    check_algorithm(config, source)
+    method = check_algorithm(config, source)
     layer = config.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise DFlashError(f"{source}: field 'transformer_layer_config' must be an object, got {layer!r}")
@@ -67,6 +74,10 @@ def to_zlab(config: dict[str, Any], source: str) -> dict[str, Any]:
     out = {**layer, "architectures": ["DFlashDraftModel"], "block_size": config.get("block_size", 8),
            "dflash_config": {"mask_token_id": config["mask_token_id"],
                              "target_layer_ids": [i - 1 for i in aux_layer_ids(config, source)]}}
+    if method == "dflash2":  # z-lab's published layout: the block size and the four fields in dflash_config
+        out["architectures"] = [dflash2.ARCHITECTURE]
+        out["dflash_config"].update(block_size=out.pop("block_size"),
+                                    **{k: config.get(k, dflash2.DEFAULTS[k]) for k in dflash2.KEYS})
     if layer.get("mlp_bias"):
         out["mlp_bias"] = False  # the library's layers use a bias-free Qwen3 MLP whatever the config says
     rope = layer.get("rope_parameters")
@@ -77,14 +88,17 @@ def to_zlab(config: dict[str, Any], source: str) -> dict[str, Any]:
     return out
 
 
-def check_algorithm(config: dict[str, Any], source: str) -> None:
+def check_algorithm(config: dict[str, Any], source: str) -> str:
+    """-> the drafter's method (speculators_model_type), one of ALGORITHMS."""
     kind = config.get("speculators_model_type")
-    if kind != ALGORITHM:
+    if kind not in ALGORITHMS:
         why = OTHER_ALGORITHMS.get(kind, "not a DFlash drafter this project knows")
-        raise DFlashError(f"{source}: speculators_model_type {kind!r} is {why}; only 'dflash' drafters run here")
-    algorithm = (config.get("speculators_config") or {}).get("algorithm", ALGORITHM)
-    if algorithm != ALGORITHM:
-        raise DFlashError(f"{source}: field 'speculators_config.algorithm' is {algorithm!r}, expected 'dflash'")
+        raise DFlashError(f"{source}: speculators_model_type {kind!r} is {why}; only 'dflash' and 'dflash2' drafters "
+                          "run here")
+    algorithm = (config.get("speculators_config") or {}).get("algorithm", kind)
+    if algorithm != kind:
+        raise DFlashError(f"{source}: field 'speculators_config.algorithm' is {algorithm!r}, expected {kind!r}")
+    return kind
 
 
 def check_same_math(config: dict[str, Any], layer: dict[str, Any], source: str) -> None:
@@ -124,12 +138,13 @@ def from_zlab(layout: dict[str, Any], drafter: DrafterConfig, verifier: str,
                               "such field, so it cannot hold this drafter")
     layer = {k: v for k, v in layout.items() if k not in ZLAB_ONLY_KEYS and k not in UNREPRESENTABLE}
     layer.setdefault("model_type", "qwen3")
+    method, second = drafter.method, drafter.dflash2
     return {
-        "architectures": ["DFlashDraftModel"],
-        "speculators_model_type": ALGORITHM,
+        "architectures": [dflash2.ARCHITECTURE if second else "DFlashDraftModel"],
+        "speculators_model_type": method,
         "speculators_version": SPECULATORS_VERSION,
         "speculators_config": {
-            "algorithm": ALGORITHM,
+            "algorithm": method,
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": drafter.block_size - 1,
                                   "verifier_accept_k": 1, "accept_tolerance": 0.0}],
             "default_proposal_method": "greedy",
@@ -144,14 +159,14 @@ def from_zlab(layout: dict[str, Any], drafter: DrafterConfig, verifier: str,
         "sliding_window_non_causal": sliding_non_causal(drafter),
         "sample_from_anchor": False,
         "tie_word_embeddings": False,
+        **({k: getattr(second, k) for k in dflash2.KEYS} if second else {}),
     }
 
 
 def sliding_non_causal(drafter: DrafterConfig) -> bool:
-    """speculators' one causality switch; refuses z-lab settings it cannot express (a causal full layer)."""
-    causal = {kind: drafter.is_causal if drafter.is_causal is not None else kind == "sliding_attention"
-              for kind in drafter.layer_types}
-    if causal.get("full_attention"):
+    """speculators' one causality switch; refuses z-lab settings it cannot express (a causal full layer). An
+    `is_causal: false` drafter without sliding layers says true too, so the way back writes `is_causal` again."""
+    if drafter.is_causal and "full_attention" in drafter.layer_types:
         raise DFlashError("drafter field 'is_causal' is true: the speculators format has causal attention only for "
                           "sliding-window layers, so it cannot hold this drafter")
-    return causal.get("sliding_attention") is False
+    return drafter.is_causal is False

@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.errors import DFlashError
+from .dflash2 import ARCHITECTURE as DFLASH2_ARCHITECTURE
+from .dflash2 import KEYS as DFLASH2_KEYS
+from .dflash2 import DFlash2Config, is_dflash2
 from .family import Family, attention_layout, read_as_transformers, with_defaults
 from .fields import Fields, token_ids
 from .moe import MoeConfig
@@ -248,17 +251,22 @@ class DrafterConfig(DecoderConfig):
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
+    dflash2: DFlash2Config | None = None  # DFlash2's convolutions and candidate selector (config/dflash2.py)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def method(self) -> str:
+        """The drafting method: "dflash" or "dflash2" (speculative/__init__.py drafter_proposer picks its proposer)."""
+        return "dflash" if self.dflash2 is None else "dflash2"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str, family: Family) -> DrafterConfig:
         """family: the entry of the drafter's model_type, or Qwen3's (models/registry.py parse_drafter_config)."""
         archs = data.get("architectures") or []
         dflash = data.get("dflash_config")
-        if DRAFTER_ARCHITECTURE not in archs and dflash is None:
-            raise DFlashError(
-                f"{source}: unknown architecture {archs} for a drafter (expected {DRAFTER_ARCHITECTURE} with dflash_config)"
-            )
+        if DRAFTER_ARCHITECTURE not in archs and not is_dflash2(archs) and dflash is None:
+            raise DFlashError(f"{source}: unknown architecture {archs} for a drafter (expected {DRAFTER_ARCHITECTURE} "
+                              f"or {DFLASH2_ARCHITECTURE} with dflash_config)")
         if not isinstance(dflash, dict):
             raise DFlashError(f"{source}: field 'dflash_config' must be an object, got {dflash!r}")
         check_drafter_fields(data, dflash, source)
@@ -267,6 +275,9 @@ class DrafterConfig(DecoderConfig):
         base = DecoderConfig.fields_from(data, source, family, model_type, qk_norm=True, drafter=True)
         # dflash_config values win over top-level ones, as in the reference implementation.
         f = Fields({**data, **dflash}, source)
+        block = f.get("block_size", int, 16, positive=True)
+        second = (DFlash2Config.from_dict({**data, **dflash}, source, base["hidden_size"], block, base["vocab_size"])
+                  if is_dflash2(archs) else None)
         layers = base["num_hidden_layers"]
         num_target_layers = f.get("num_target_layers", int, None)
         ids = dflash.get("target_layer_ids", data.get("target_layer_ids"))
@@ -276,7 +287,7 @@ class DrafterConfig(DecoderConfig):
             ids = default_target_layer_ids(num_target_layers, layers)
         return cls(
             **base,
-            block_size=f.get("block_size", int, 16, positive=True),
+            block_size=block,
             num_target_layers=num_target_layers,
             target_layer_ids=token_ids(ids, source, "target_layer_ids", allow_empty=False),
             mask_token_id=f.get("mask_token_id", int),
@@ -285,6 +296,7 @@ class DrafterConfig(DecoderConfig):
             input_embedding_scale=f.get("input_embedding_scale", float, 1.0),
             output_multiplier=f.get("output_multiplier", float, 1.0),
             final_logit_softcapping=f.get("final_logit_softcapping", float, None),
+            dflash2=second,
         )
 
 
@@ -305,13 +317,23 @@ NEUTRAL_DRAFTER_FIELDS = {
 def check_drafter_fields(data: dict[str, Any], dflash: dict[str, Any], source: str) -> None:
     """One-line refusal of drafter fields that would change the math this runtime computes."""
     archs = data.get("architectures") or []
-    if archs and DRAFTER_ARCHITECTURE not in archs:
-        raise DFlashError(f"{source}: unsupported drafter architecture {archs} (supported: {DRAFTER_ARCHITECTURE})")
-    unknown = sorted(set(dflash) - set(DFLASH_CONFIG_KEYS))
+    second = is_dflash2(archs)
+    if archs and DRAFTER_ARCHITECTURE not in archs and not second:
+        raise DFlashError(f"{source}: unsupported drafter architecture {archs} (supported: {DRAFTER_ARCHITECTURE}, "
+                          f"{DFLASH2_ARCHITECTURE})")
+    known = DFLASH_CONFIG_KEYS + (DFLASH2_KEYS if second else ())
+    unknown = sorted(set(dflash) - set(known))
     if unknown:
         raise DFlashError(f"{source}: unsupported dflash_config field '{unknown[0]}'={dflash[unknown[0]]!r} "
-                          f"(known: {', '.join(DFLASH_CONFIG_KEYS)})")
+                          f"(known: {', '.join(known)})")
+    # a reduced vocabulary has its own LM head and a d2t map; speculators refuses it for DFlash2 (dflash2/core.py:36-43)
+    vocab = data.get("vocab_size")
+    if data.get("draft_vocab_size", vocab) != vocab:
+        raise DFlashError(f"{source}: field 'draft_vocab_size' {data['draft_vocab_size']!r} != vocab_size {vocab!r}: "
+                          "a reduced draft vocabulary (d2t) is not supported; the drafter needs the target's")
     for key, neutral in NEUTRAL_DRAFTER_FIELDS.items():
+        if second and key in DFLASH2_KEYS:
+            continue
         value = dflash.get(key, data.get(key, neutral))
         if value != neutral:
             raise DFlashError(f"{source}: unsupported drafter field '{key}'={value!r} (this runtime implements {neutral!r})")

@@ -29,7 +29,7 @@ from ..config.runtime import AUTO, DECODINGS, RuntimeConfig
 from ..distributed.parallel import Parallel
 from ..distributed.rendezvous import join_local_group
 from ..models.registry import parse_drafter_config, parse_target_config
-from ..speculative import AutoregressiveProposer, DFlashProposer
+from ..speculative import AutoregressiveProposer, drafter_proposer
 from ..utils.errors import DFlashError
 from ..utils.threads import set_threads
 from .draft_len import make_policy
@@ -75,7 +75,7 @@ def load_engine(engine_dir: str | Path, rank: int = 0, device: str = "cpu", deco
         pipeline = Pipeline(Generator(target, AutoregressiveProposer(), stops), loaded_target, None)
     else:
         drafter = drafter_from_tensors(d_cfg, read_safetensors(d_dir / shard), d_dir / shard, tp, dtype, device)
-        proposer = DFlashProposer(drafter, target)
+        proposer = drafter_proposer(drafter, target)
         proposer.max_block_size = manifest.block_size  # the engine's block size is the limit
         pipeline = Pipeline(Generator(target, proposer, stops), loaded_target, LoadedDrafter(drafter, d_cfg, d_dir))
     pipeline.generator.set_step_mode(mode, prefills_once=max_batch == 1)
@@ -117,7 +117,7 @@ def kv_pool_lines(engine_dir: Path) -> list[str]:
     with torch.device("meta"):
         target = build_target(parse_target_config(read_config_json(t_dir), str(t_dir / "config.json")), tp)
         drafter = DFlashDrafter(parse_drafter_config(read_config_json(d_dir), str(d_dir / "config.json")), tp)
-    generator = Generator(target.to(dtype), DFlashProposer(drafter.to(dtype), target, context_kv="unfused"), set())
+    generator = Generator(target.to(dtype), drafter_proposer(drafter.to(dtype), target, context_kv="unfused"), set())
     per_block = generator.block_bytes()
     if not per_block:
         return ["kv pool      nothing paged (every layer keeps a window ring or recurrent state per row)"]

@@ -14,7 +14,7 @@ from ..compilation.graph_store import recording_timer
 from ..compilation.step_mode import StepMode
 from ..config.pairing import validate_pair
 from ..draft_length.policy import FixedDraftLen
-from ..speculative import AutoregressiveProposer, DFlashProposer
+from ..speculative import AutoregressiveProposer, drafter_proposer
 from ..utils.errors import DFlashError
 from .generator import Generator
 from .request import Request
@@ -61,7 +61,7 @@ def load_pipeline(target: str | Path, drafter: str | Path | None = None, dtype: 
     if drafter is not None:
         loaded_drafter = load_drafter(drafter, dtype, device)
         validate_pair(loaded_target.config, loaded_drafter.config)
-        proposer = DFlashProposer(loaded_drafter.model, loaded_target.model)
+        proposer = drafter_proposer(loaded_drafter.model, loaded_target.model)
     generator = Generator(loaded_target.model, proposer, loaded_target.stop_ids)
     generator.set_step_mode(mode)
     pipeline = Pipeline(generator, loaded_target, loaded_drafter)

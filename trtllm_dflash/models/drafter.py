@@ -9,6 +9,10 @@ exactly as the published checkpoints (`fc.weight`, `layers.0...`).
 Inference keeps context K/V in a paged cache (see kv_cache.py); a drafting pass writes the block's
 own K/V right after the context, at positions start..start+B-1, and reads the row's blocks. Those block entries are scratch: the next commit overwrites them with real context.
 Training passes the context K/V explicitly (`ExplicitContext`) with a block-sparse mask.
+
+A DFlash2 drafter (`cfg.dflash2`) wraps each sublayer in two convolutions along the block and adds a candidate
+selector (models/dflash2.py); the context K/V are not convolved (speculators 0.9.0
+`speculators/models/dflash2/model_definitions.py:203-240`: the injected context enters the attention as is).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from ..cache.kv_cache import KVCache, LayerCacheSpec
 from ..config.model import DrafterConfig
 from ..distributed.parallel import SINGLE, Parallel
 from .attention import ExplicitContext, ForwardContext
+from .dflash2 import BlockConv, CandidateSelector
 from .layers import MLP, Attention, RMSNorm, Rotary
 
 ContextKV = list[tuple[torch.Tensor, torch.Tensor]]  # per layer (k, v): [B, N, H_kv, D]
@@ -35,10 +40,20 @@ class DrafterLayer(nn.Module):
         self.mlp = MLP(cfg.hidden_size, cfg.intermediate_size, cfg.mlp_bias, tp)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if cfg.dflash2 is not None:  # replicated under TP: they act on the full hidden state
+            self.attention_conv = BlockConv(cfg.hidden_size, cfg.dflash2)
+            self.mlp_conv = BlockConv(cfg.hidden_size, cfg.dflash2)
+        else:
+            self.attention_conv = self.mlp_conv = None
 
     def forward(self, x: torch.Tensor, layer: int, ctx) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), layer, ctx)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if self.attention_conv is None:
+            x = x + self.self_attn(self.input_layernorm(x), layer, ctx)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        h, delta = self.attention_conv.prepare(self.input_layernorm(x))
+        x = x + self.attention_conv.finish(self.self_attn(h, layer, ctx), delta)
+        h, delta = self.mlp_conv.prepare(self.post_attention_layernorm(x))
+        return x + self.mlp_conv.finish(self.mlp(h), delta)
 
 
 class DFlashDrafter(nn.Module):
@@ -52,6 +67,9 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.rope, cfg.head_dim)
+        # DFlash2: replicated, full vocabulary (the logits it rescores are gathered over ranks)
+        self.candidate_selector = (CandidateSelector(cfg.hidden_size, cfg.vocab_size, cfg.dflash2)
+                                   if cfg.dflash2 is not None else None)
 
     def context_kv(self, features: torch.Tensor, positions: torch.Tensor) -> ContextKV:
         """Context K/V of every layer for committed tokens.

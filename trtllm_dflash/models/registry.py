@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import moe
+from ..config.dflash2 import is_dflash2
 from ..config.family import (
     GPT_OSS_DEFAULTS,
     Family,
@@ -69,8 +70,8 @@ def parse_target_config(data: dict[str, Any], source: str) -> TargetConfig:
     """A target's config.json, validated as its family reads it; errors name `source` and the field."""
     model_type = data.get("model_type")
     archs = data.get("architectures") or []
-    if DRAFTER_ARCHITECTURE in archs:
-        raise DFlashError(f"{source}: this is a DFlash drafter ({DRAFTER_ARCHITECTURE}), not a target model")
+    if DRAFTER_ARCHITECTURE in archs or is_dflash2(archs):
+        raise DFlashError(f"{source}: this is a DFlash drafter ({', '.join(archs)}), not a target model")
     if model_type not in FAMILIES:
         raise DFlashError(f"{source}: unknown architecture model_type={model_type!r} architectures={archs} "
                           f"(supported targets: {', '.join(FAMILIES)})")

@@ -135,6 +135,18 @@ class DFlashProposer(Proposer):
             write_context_kv(*args)
 
     def propose(self, batch: StepBatch, num_drafts: int):
+        hidden = self.draft_block(batch, num_drafts)
+        # Slot k predicts the token at slot k (no shift); the anchor's output is discarded.
+        logits = self.drafter.logits(hidden[:, 1:num_drafts + 1], self.target.lm_head)  # gathered over ranks
+        sampling = batch.sampling
+        if sampling.all_greedy:
+            return logits.argmax(-1), None
+        probs = token_probs(logits, sampling)
+        return sample(probs, uniforms(sampling, PROPOSE, probs.shape[1])), probs
+
+    def draft_block(self, batch: StepBatch, num_drafts: int) -> torch.Tensor:
+        """The drafter's pass over each row's block [anchor, MASK x (K - 1)] -> final-normed hidden [B, K, hidden],
+        K >= num_drafts + 1."""
         self.flush()  # the drafter attends to every committed token's context K/V
         # The whole block is drafted and the first num_drafts kept: the drafter was trained on full blocks of mask
         # tokens, and a shorter block drafts worse early tokens (built-in pair, batch 1, accepted drafts per step:
@@ -146,12 +158,5 @@ class DFlashProposer(Proposer):
         embeds = self.target.embed_tokens(block) * self.drafter.config.input_embedding_scale
         positions = batch.starts[:, None] + torch.arange(block_size, device=anchors.device)
         # The block's K/V go to the draft cache right after each row's context (scratch entries).
-        hidden = self.draft_pass(embeds, ForwardContext.cached(positions, self.cache, batch.key_span(block_size),
-                                                               slots=batch.slots))
-        # Slot k predicts the token at slot k (no shift); the anchor's output is discarded.
-        logits = self.drafter.logits(hidden[:, 1:num_drafts + 1], self.target.lm_head)  # gathered over ranks
-        sampling = batch.sampling
-        if sampling.all_greedy:
-            return logits.argmax(-1), None
-        probs = token_probs(logits, sampling)
-        return sample(probs, uniforms(sampling, PROPOSE, probs.shape[1])), probs
+        return self.draft_pass(embeds, ForwardContext.cached(positions, self.cache, batch.key_span(block_size),
+                                                             slots=batch.slots))

@@ -12,6 +12,7 @@ from ..backend import Backend
 from ..plan import BuildPlan
 from ..spec import BuildSpec, check_choice, check_positive_int
 from ..verify import checked
+from .dflash2 import refuse_dflash2
 from .engine import write_trtllm_engine
 from .fields import literal_choices
 from .options import ATTENTION_BACKENDS, GPU_SM, KV_CACHE_DTYPES, check_pass_through
@@ -56,6 +57,7 @@ class TrtllmBackend(Backend):
         return min(target.max_position_embeddings, drafter.max_position_embeddings, TRTLLM_DEFAULT_MAX_SEQ_LEN)
 
     def check_plan(self, plan: BuildPlan) -> None:
+        refuse_dflash2(plan.drafter)
         plan.target.check_tp(plan.spec.tp)
 
     def write(self, plan: BuildPlan, tmp: Path) -> dict:

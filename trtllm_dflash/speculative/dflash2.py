@@ -1,0 +1,67 @@
+"""DFlash2: DFlash's block pass, then the candidate selector walks the block left to right.
+
+At each drafted slot j the drafter's unary logits z_j give K candidates (top-K, sorted), each scored
+s_j[c] = z_j[c] + <P[prev] * W_h h_j, S[c]> (speculators 0.9.0 `speculators/models/dflash2/model_definitions.py`
+:268-299, `CandidateSelector.score_candidates`), prev = the token drafted at slot j - 1 (the anchor at slot 1).
+speculators only scores (its training forward teacher-forces the predecessors, `dflash2/core.py:124-135`); the walk
+follows vLLM's DFlash2 speculator (vllm-project/vllm@030da624 `vllm/v1/worker/gpu/spec_decode/dflash2/speculator.py`
+`_selector_walk_kernel`): a greedy row takes the first index of the best score, a sampled row draws from
+softmax(s_j / T) (temperature only; top-k / top-p are the target's business) and the drawn token is the next
+predecessor. The draft distribution q_j is that softmax on the K candidates and zero elsewhere: exactly what the
+draft was drawn from, so rejection sampling (accept.py) stays lossless. Scores are fp32 (TensorRT-LLM's
+`dflash2_score_edges` computes them so: bf16 rounding moves candidate argmaxes).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.dflash2 import CandidateSelector
+from ..sample.sampling import PROPOSE, SamplingBatch, sample, uniforms
+from .base import StepBatch
+from .dflash import DFlashProposer
+
+
+class DFlash2Proposer(DFlashProposer):
+    """DFlashProposer's context cache and block pass; the drafts are the selector's walk."""
+
+    def propose(self, batch: StepBatch, num_drafts: int):
+        hidden = self.draft_block(batch, num_drafts)[:, 1:num_drafts + 1]  # slot k drafts the token at slot k
+        logits = self.drafter.logits(hidden, self.target.lm_head)  # [B, n, V] fp32, gathered over ranks
+        return walk(self.drafter.candidate_selector, logits, hidden, batch.anchors, batch.sampling)
+
+
+def walk(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor, anchors: torch.Tensor,
+         sampling: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits: [B, n, V] fp32; hidden: [B, n, H] the drafter's final-normed states; anchors: [B] long -> drafts
+    [B, n] long and q [B, n, V] (None when every row is greedy). n small sequential steps on [B, K]: no host sync."""
+    n = logits.shape[1]
+    if n == 0:
+        return anchors.new_zeros((len(anchors), 0)), None
+    unary, candidates = logits.topk(selector.top_k, dim=-1)  # [B, n, K], sorted descending
+    projected = selector.hidden_projection(hidden).float()  # [B, n, r]
+    successors = selector.successor_codebook[candidates].float()  # [B, n, K, r]
+    codebook = selector.predecessor_codebook
+    if not sampling.all_greedy:
+        u = uniforms(sampling, PROPOSE, n)  # [B, n]
+        greedy = (sampling.temperature == 0)[:, None]  # [B, 1]
+        temperature = torch.where(greedy, 1.0, sampling.temperature[:, None])
+    prev, drafts, probs = anchors, [], []
+    for j in range(n):
+        context = codebook[prev].float() * projected[:, j]  # [B, r]
+        scores = unary[:, j] + (context[:, None, :] * successors[:, j]).sum(-1)  # [B, K]
+        if sampling.all_greedy:
+            index = scores.argmax(-1)  # first index of the max
+        else:
+            p = torch.softmax(scores / temperature, dim=-1)
+            if sampling.any_greedy:
+                best = torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).to(p.dtype)
+                p = torch.where(greedy, best, p)
+            index = sample(p[:, None], u[:, j:j + 1])[:, 0]
+            probs.append(p)
+        prev = candidates[:, j].gather(-1, index[:, None])[:, 0]  # [B]
+        drafts.append(prev)
+    drafts = torch.stack(drafts, dim=1)
+    if sampling.all_greedy:
+        return drafts, None
+    return drafts, torch.zeros_like(logits).scatter_(-1, candidates, torch.stack(probs, dim=1))
