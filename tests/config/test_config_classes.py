@@ -41,6 +41,9 @@ FAMILIES = {
     "qwen3_next": ("Qwen3NextConfig", {**SIZES, **LINEAR, **EXPERTS, **SHARED}, None),
     "gemma4_text": ("Gemma4TextConfig", {**SIZES, **GEMMA4}, None),
     "gemma4": ("Gemma4Config", {**SIZES, **GEMMA4}, GEMMA_VISION),
+    # intermediate_size is one expert's width (experts in every layer)
+    "minimax_m2": ("MiniMaxM2Config", {**SIZES, "num_local_experts": 4, "num_experts_per_tok": 2}, None),
+    "laguna": ("LagunaConfig", {**SIZES, **EXPERTS, **SHARED}, None),
 }
 
 
