@@ -6,7 +6,7 @@ sorted by expert, and each projection runs as one grouped GEMM over the sorted r
 that received rows where it is unavailable). A verify pass of B x 16 tokens routes once.
 
 Weights (one rank's shard under tensor parallelism; `checkpoint_layout` converts published layouts):
-  router.weight [E, H] (+ router.bias [E])
+  router.weight [E, H] (+ router.bias [E]; + router.e_score_correction_bias [E] with sigmoid_topk routing)
   experts.w13 [E, H, 2I]: gate in [..., :I], up in [..., I:]   (+ experts.w13_bias [E, 2I])
   experts.w2 [E, I, H]                                         (+ experts.w2_bias [E, H])
   shared_expert.{gate,up,down}_proj, shared_expert_gate.weight [1, H]   (when configured)
@@ -49,7 +49,6 @@ class Router(nn.Module):
         if cfg.norm_topk_prob:
             probs = probs / probs.sum(dim=-1, keepdim=True)
         return probs.to(x.dtype), ids
-
 
     def sigmoid_topk(self, logits: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """logits: fp32 [N, E] -> weights [N, k] (dtype), ids [N, k]."""
