@@ -134,6 +134,7 @@ def test_dflash_greedy_equals_transformers(target, drafter):
     assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
 
 
+@pytest.mark.slow  # two rank processes
 def test_tp2_engine_equals_transformers(target, drafter, tmp_path):
     """dflash-build --backend torch at TP 2 (q_b_proj / q_proj, kv_b_proj and o_proj split by head, the latent path
     and cache replicated), on two ranks: DFlash output equals transformers', the shards reassemble."""

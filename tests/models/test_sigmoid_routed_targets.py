@@ -147,6 +147,7 @@ def test_dflash_greedy_equals_transformers(target, drafter):
     assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
 
 
+@pytest.mark.slow  # two rank processes
 def test_tp2_engine_equals_transformers(target, drafter, tmp_path):
     """dflash-build --backend torch at TP 2 (heads, their norms or gates, experts split; MiniMax-M2's full-width
     QK-norm from the all-reduced sum of squares), generated on two ranks (gloo on loopback): DFlash output equals
