@@ -4,7 +4,7 @@ Tiny random transformers models, every feature on within a short test: q through
 or a plain q_proj (the Kimi-K2.5 fixture), kv low-rank with a decoupled shared RoPE key, interleaved RoPE (and
 halves), YaRN with mscale / mscale_all_dim (softmax scale and cos / sin factor), one dense layer then experts routed
 by sigmoid scores within 2 of 4 expert groups, with a shared expert and a routed scaling factor. Kimi-K2.5's
-checkpoint is the multimodal one (a vision tower beside `model.language_model.*`). Greedy output is compared token
+checkpoint is the multimodal one, in the published layout (`language_model.model.*` beside a vision tower). Greedy output is compared token
 for token with transformers' own greedy `generate`.
 """
 
@@ -13,7 +13,7 @@ import json
 import pytest
 import torch
 from helpers.tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from trtllm_dflash.checkpoint.loader import load_target
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
@@ -55,7 +55,22 @@ def make_hf(path, model_type: str, seed: int = 0):
             if name.endswith("e_score_correction_bias"):
                 t.normal_(0, 0.1)
     model.eval().save_pretrained(path)
+    if model_type == "kimi_k25":  # as moonshotai publishes it (transformers' writer renames the language model's
+        save_file(published_kimi(model.state_dict()), str(path / "model.safetensors"))  # layers as vision blocks)
     return model
+
+
+def published_kimi(state: dict) -> dict:
+    """transformers' in-memory Kimi-K2.5 names -> the published `language_model.model.*` / `language_model.lm_head`
+    (the vision tower kept under its in-memory names: the runtime skips it either way)."""
+    out = {}
+    for name, t in state.items():
+        if name.startswith("model.language_model."):
+            name = "language_model.model." + name[len("model.language_model."):]
+        elif name == "lm_head.weight":
+            name = "language_model.lm_head.weight"
+        out[name] = t.contiguous()
+    return out
 
 
 @pytest.fixture(scope="module", params=["deepseek_v3", "kimi_k25"])

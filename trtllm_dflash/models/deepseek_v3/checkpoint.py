@@ -6,6 +6,9 @@ Published DeepSeek-V3 (and what transformers 5.24 `save_pretrained` writes back 
 layer index num_hidden_layers and is dropped (transformers' DeepseekV3 builds none). Kimi-K2.5 keeps the language
 model under `language_model.model.*` / `language_model.lm_head` (published) or `model.language_model.*` (transformers'
 in memory; conversion_mapping.py "kimi_k25"), beside its vision tower and projector, which are dropped.
+transformers 5.24's `save_pretrained` writes the language model's layers as `language_model.model.blocks.*` (its
+vision tower's `blocks` -> `layers` rule, reversed on every name), read back as layers here as transformers does; its
+writer also renames a plain `self_attn.q_proj` (q_lora_rank null) as a vision `wqkv`, which is not read.
 checkpoint/layout.py stacks the experts.
 """
 
@@ -16,6 +19,7 @@ import re
 import torch
 
 RENAMES = [
+    (re.compile(r"^language_model\.model\.blocks\."), "model.layers."),  # transformers' writer: see the docstring
     (re.compile(r"^language_model\.model\."), "model."),
     (re.compile(r"^language_model\.lm_head\."), "lm_head."),
     (re.compile(r"^model\.language_model\."), "model."),
