@@ -25,8 +25,9 @@ NO_DENSE = {k: v for k, v in SIZES.items() if k != "intermediate_size"}  # Qwen3
 GEMMA4 = dict(global_head_dim=16, hidden_size_per_layer_input=4, vocab_size_per_layer_input=VOCAB, sliding_window=6)
 QWEN_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
                    num_position_embeddings=16)
-# multi-head latent attention's sizes (DeepseekV3Config: K/V heads as many as query heads, as its eager path needs)
-MLA = dict(num_key_value_heads=4, n_routed_experts=8, moe_intermediate_size=16, kv_lora_rank=16, q_lora_rank=12,
+# multi-head latent attention's sizes (DeepseekV3Config: K/V heads as many as query heads, as its eager path needs;
+# two experts in each of its 8 groups)
+MLA = dict(num_key_value_heads=4, n_routed_experts=16, moe_intermediate_size=16, kv_lora_rank=16, q_lora_rank=12,
            qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
 KIMI_VISION = dict(patch_size=4, pos_emb_height=4, pos_emb_width=4, pos_emb_time=1, num_attention_heads=2,
                    num_hidden_layers=1, hidden_size=16, intermediate_size=32)

@@ -48,9 +48,9 @@ def moe_config(data: dict[str, Any], source: str, layers: int) -> MoeConfig | No
         return None
     experts = positive_int(data, source, "n_routed_experts", "num_local_experts")
     groups, kept = count(data, source, "n_group", 1) or 1, count(data, source, "topk_group", 1) or 1
-    if experts % groups or kept > groups:
-        raise DFlashError(f"{source}: n_group {groups} must divide n_routed_experts {experts} and topk_group {kept} "
-                          "be at most n_group")
+    if experts % groups or kept > groups or (groups > 1 and experts // groups < 2):
+        raise DFlashError(f"{source}: n_group {groups} must divide n_routed_experts {experts} into groups of at "
+                          f"least 2 (a group scores by its top 2) and topk_group {kept} be at most n_group")
     norm = data.get("norm_topk_prob", True)
     if not isinstance(norm, bool):
         raise DFlashError(f"{source}: field 'norm_topk_prob' must be bool, got {norm!r}")
