@@ -172,9 +172,16 @@ def test_tp2_engine_equals_transformers(target, drafter, tmp_path):
         assert torch.equal(full[name], tensor), name
 
 
-def test_trtllm_backend_accepts_with_its_evidence(target):
+def test_trtllm_backend_builds_with_its_evidence(target, drafter, tmp_path):
+    """--backend trtllm accepts both (upstream DFlash runs on them: builder/trtllm/targets.py) and writes an engine
+    directory that verifies."""
     from trtllm_dflash.builder.trtllm.targets import TrtllmTarget
+    from trtllm_dflash.cli.build import main as build_main
 
     _, path, _ = target
     t = TrtllmTarget.from_dict(json.loads((path / "config.json").read_text()), "c")
     assert t.status == "tested" and t.moe and ("MiniMax-M2.5" in t.source or "#15666" in t.source)
+    out = tmp_path / "engine"
+    assert build_main(["--target", str(path), "--drafter", str(drafter), "--output", str(out), "--backend", "trtllm",
+                       "--gpu", "b200"]) == 0
+    assert build_main(["verify", str(out)]) == 0
