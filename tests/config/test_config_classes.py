@@ -25,6 +25,12 @@ NO_DENSE = {k: v for k, v in SIZES.items() if k != "intermediate_size"}  # Qwen3
 GEMMA4 = dict(global_head_dim=16, hidden_size_per_layer_input=4, vocab_size_per_layer_input=VOCAB, sliding_window=6)
 QWEN_VISION = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32, patch_size=4,
                    num_position_embeddings=16)
+# multi-head latent attention's sizes (DeepseekV3Config: K/V heads as many as query heads, as its eager path needs;
+# two experts in each of its 8 groups)
+MLA = dict(num_key_value_heads=4, n_routed_experts=16, moe_intermediate_size=16, kv_lora_rank=16, q_lora_rank=12,
+           qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8)
+KIMI_VISION = dict(patch_size=4, pos_emb_height=4, pos_emb_width=4, pos_emb_time=1, num_attention_heads=2,
+                   num_hidden_layers=1, hidden_size=16, intermediate_size=32)
 GEMMA_VISION = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                     num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=64)
 
@@ -41,6 +47,11 @@ FAMILIES = {
     "qwen3_next": ("Qwen3NextConfig", {**SIZES, **LINEAR, **EXPERTS, **SHARED}, None),
     "gemma4_text": ("Gemma4TextConfig", {**SIZES, **GEMMA4}, None),
     "gemma4": ("Gemma4Config", {**SIZES, **GEMMA4}, GEMMA_VISION),
+    # intermediate_size is one expert's width (experts in every layer)
+    "minimax_m2": ("MiniMaxM2Config", {**SIZES, "num_local_experts": 4, "num_experts_per_tok": 2}, None),
+    "laguna": ("LagunaConfig", {**SIZES, **EXPERTS, **SHARED}, None),
+    "deepseek_v3": ("DeepseekV3Config", {**SIZES, **MLA}, None),
+    "kimi_k25": ("Kimi_K25Config", {**SIZES, **MLA}, KIMI_VISION),
 }
 
 

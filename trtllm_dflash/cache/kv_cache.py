@@ -166,13 +166,15 @@ class KVCache:
 
     def __init__(self, specs: list[LayerCacheSpec], num_slots: int, num_kv_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str, max_step_tokens: int = 1,
-                 table: BlockTable | None = None):
+                 table: BlockTable | None = None, v_head_dim: int | None = None):
+        """v_head_dim: V's width when it differs from K's (multi-head latent attention keeps the latent as K and
+        the shared roped key as V: models/deepseek_v3/)."""
         self.table = table if table is not None else BlockTable.contiguous(num_slots, capacity, device)
         full = [i for i, s in enumerate(specs) if s.kind == "full"]
         shape = (len(full), self.table.num_blocks + 1, BLOCK, num_kv_heads, head_dim)
         # k, v: [L_full, N + 1, BLOCK, H_kv, D]
         self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros((*shape[:-1], v_head_dim or head_dim), dtype=dtype, device=device)
         self.capacity = capacity
         self.layers: list[FullKV | WindowKV] = []
         for spec in specs:
@@ -183,7 +185,8 @@ class KVCache:
                 ring = min(spec.window + max_step_tokens - 1, capacity)
                 ring_shape = (num_slots, num_kv_heads, ring + 1, head_dim)
                 self.layers.append(WindowKV(torch.zeros(ring_shape, dtype=dtype, device=device),
-                                            torch.zeros(ring_shape, dtype=dtype, device=device)))
+                                            torch.zeros((*ring_shape[:-1], v_head_dim or head_dim), dtype=dtype,
+                                                        device=device)))
 
     def tensors(self) -> list[tuple[Tensor, tuple[int, ...]]]:
         """What a pass reads and writes, with the dims an allocation sizes (`step_mode.StepMode.caches`): every
@@ -195,7 +198,7 @@ class KVCache:
 
     def block_bytes(self) -> int:
         """Bytes of one pool block: K and V of every full layer."""
-        return 2 * self.k[:, 0].numel() * self.k.element_size()
+        return (self.k[:, 0].numel() + self.v[:, 0].numel()) * self.k.element_size()
 
     def move(self, src: int, dst: int, length: int) -> None:
         """A sequence changes row: its window rings go from row src to row dst (its full layers' blocks move with

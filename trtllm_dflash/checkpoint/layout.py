@@ -25,7 +25,10 @@ from pathlib import Path
 import torch
 
 from ..config.model import TargetConfig
+from ..models.deepseek_v3.checkpoint import deepseek_v3_names
 from ..models.deepseek_v4.checkpoint import deepseek_v4_tensors
+from ..models.laguna.checkpoint import laguna_names
+from ..models.minimax_m2.checkpoint import minimax_m2_names
 from ..models.registry import family_of
 from ..utils.errors import DFlashError
 from .mxfp4 import dequantize
@@ -174,7 +177,10 @@ def dequantize_mxfp4(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
 
 
 LAYOUTS = {"hf": hf_tensors, "qwen3_5": qwen3_5_tensors, "gemma4": gemma4_tensors,
-           "deepseek_v4": lambda cfg, tensors: deepseek_v4_tensors(cfg, tensors, cfg.deepseek_v4.fp8_block)}
+           "deepseek_v4": lambda cfg, tensors: deepseek_v4_tensors(cfg, tensors, cfg.deepseek_v4.fp8_block),
+           "minimax_m2": lambda cfg, tensors: hf_tensors(cfg, minimax_m2_names(tensors)),
+           "laguna": lambda cfg, tensors: hf_tensors(cfg, laguna_names(tensors)),
+           "deepseek_v3": lambda cfg, tensors: hf_tensors(cfg, deepseek_v3_names(cfg, tensors))}
 
 
 def _stack_experts(tensors: dict[str, torch.Tensor], num_experts: int) -> dict[str, torch.Tensor]:

@@ -17,12 +17,16 @@ import torch
 from ..config.model import DecoderConfig
 from ..distributed.parallel import HeadSplit, padded_vocab
 
-COLUMN = ("q_proj", "gate_proj", "up_proj", "in_proj_z", "in_proj_b", "in_proj_a")  # split output rows
+# split output rows (g_proj: Laguna's output gates; q_b_proj, kv_b_proj: multi-head latent attention's heads)
+COLUMN = ("q_proj", "gate_proj", "up_proj", "in_proj_z", "in_proj_b", "in_proj_a", "g_proj", "q_b_proj", "kv_b_proj")
 KV = ("k_proj", "v_proj")  # split (or replicate) by KV head
 ROW = ("o_proj", "down_proj", "out_proj")  # split input columns; bias on rank 0
 QKV = ("in_proj_qkv", "conv1d")  # Gated DeltaNet q | k | v rows: each part split by head
 PER_HEAD = (".linear_attn.A_log", ".linear_attn.dt_bias")  # one value per value head: split
 VOCAB = ("model.embed_tokens.weight", "lm_head.weight")
+# full-width QK-norm (MiniMax-M2): q_norm [H * D], k_norm [H_kv * D], one weight per channel of their heads
+NORMS_BY_HEAD = {".self_attn.q_norm.weight": "column", ".self_attn.k_norm.weight": "kv"}
+FULL_WIDTH_QK_NORM = ("minimax_m2",)
 
 
 # experts sit under the MLP (`mlp.experts`), or beside it (Gemma 4: `layers.<i>.experts`)
@@ -38,6 +42,8 @@ def _kind(name: str, cfg: DecoderConfig) -> str:
         return "replicated"
     if name.endswith(PER_HEAD):
         return "column"
+    if getattr(cfg, "model_type", None) in FULL_WIDTH_QK_NORM and name.endswith(tuple(NORMS_BY_HEAD)):
+        return NORMS_BY_HEAD[name[name.rindex(".self_attn."):]]
     for suffix, kind in EXPERTS.items():
         if name.endswith(suffix):
             return kind

@@ -159,9 +159,11 @@ class TargetConfig(DecoderConfig):
     quant_method: str | None = None  # quantization_config.quant_method of a pre-quantized checkpoint
     # A family's own fields, filled by its entry's `own` hook (None: another family). Typed in their folders,
     # which config/ does not import: models/gemma4/config.py Gemma4Config, models/deepseek_v4/config.py
-    # DeepseekV4Config.
+    # DeepseekV4Config, models/laguna/config.py LagunaConfig, models/deepseek_v3/config.py DeepseekV3Config.
     gemma4: Any = None
     deepseek_v4: Any = None
+    laguna: Any = None
+    deepseek_v3: Any = None
 
     @property
     def rotary_dim(self) -> int:

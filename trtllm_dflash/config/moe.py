@@ -15,7 +15,7 @@ from typing import Any
 from ..utils.errors import DFlashError
 from .fields import Fields
 
-ROUTINGS = ("softmax_topk", "topk_softmax")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 ACTIVATIONS = ("silu", "clamped_swiglu", "gelu_tanh", "limited_silu")
 
 
@@ -26,8 +26,15 @@ class MoeConfig:
     intermediate_size: int  # of one routed expert
     # "softmax_topk": softmax over all experts in fp32, keep the top k (Qwen3MoeTopKRouter);
     # "topk_softmax": keep the top k logits, softmax over those (GptOssTopKRouter).
+    # "sigmoid_topk": sigmoid of the fp32 logits; the top k of sigmoid + e_score_correction_bias [E] (within the
+    # topk_group best of n_group expert groups), weighted by their unbiased sigmoids (MiniMaxM2TopKRouter,
+    # LagunaTopKRouter, DeepseekV3TopkRouter).
     routing: str = "softmax_topk"
-    norm_topk_prob: bool = False  # softmax_topk: renormalise the kept probabilities to sum to 1
+    norm_topk_prob: bool = False  # softmax_topk / sigmoid_topk: renormalise the kept weights to sum to 1
+    routed_scaling_factor: float = 1.0  # sigmoid_topk: the kept weights' factor (after renormalising)
+    router_softcap: float = 0.0  # sigmoid_topk: logits -> tanh(logits / cap) * cap first (0: none; Laguna)
+    n_group: int = 1  # sigmoid_topk: expert groups, a group scored by the sum of its top 2 biased scores
+    topk_group: int = 1  # sigmoid_topk: groups whose experts may be chosen (n_group > 1)
     router_bias: bool = False
     expert_bias: bool = False  # gate_up and down biases per expert (gpt-oss)
     # "silu": silu(gate) * up. "clamped_swiglu" (GptOssExperts._apply_gate): gate clamped above at
@@ -46,6 +53,9 @@ class MoeConfig:
             raise ValueError(f"routing {self.routing!r} / activation {self.activation!r} not in {ROUTINGS} / {ACTIVATIONS}")
         if not 0 < self.top_k <= self.num_experts:
             raise ValueError(f"top_k {self.top_k} must be in 1..num_experts {self.num_experts}")
+        if self.num_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
+            raise ValueError(f"n_group {self.n_group} must divide num_experts {self.num_experts} and topk_group "
+                             f"{self.topk_group} be in 1..n_group")
 
 
 def positive_int(data: dict[str, Any], source: str, *keys: str, default: Any = ...) -> int:

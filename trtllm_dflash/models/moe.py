@@ -6,7 +6,7 @@ sorted by expert, and each projection runs as one grouped GEMM over the sorted r
 that received rows where it is unavailable). A verify pass of B x 16 tokens routes once.
 
 Weights (one rank's shard under tensor parallelism; `checkpoint_layout` converts published layouts):
-  router.weight [E, H] (+ router.bias [E])
+  router.weight [E, H] (+ router.bias [E]; + router.e_score_correction_bias [E] with sigmoid_topk routing)
   experts.w13 [E, H, 2I]: gate in [..., :I], up in [..., I:]   (+ experts.w13_bias [E, 2I])
   experts.w2 [E, I, H]                                         (+ experts.w2_bias [E, H])
   shared_expert.{gate,up,down}_proj, shared_expert_gate.weight [1, H]   (when configured)
@@ -32,12 +32,16 @@ class Router(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.empty(cfg.num_experts, hidden))
         self.bias = nn.Parameter(torch.empty(cfg.num_experts)) if cfg.router_bias else None
+        if cfg.routing == "sigmoid_topk":  # added to the scores for the choice only
+            self.register_buffer("e_score_correction_bias", torch.empty(cfg.num_experts))
         self.cfg = cfg
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: [N, H] -> routing weights [N, k] (x's dtype) and expert ids [N, k] (long)."""
         logits = F.linear(x, self.weight, self.bias)  # [N, E]
         cfg = self.cfg
+        if cfg.routing == "sigmoid_topk":
+            return self.sigmoid_topk(logits.float(), x.dtype)
         if cfg.routing == "topk_softmax":
             top, ids = logits.topk(cfg.top_k, dim=-1)
             return top.softmax(dim=-1), ids
@@ -45,6 +49,24 @@ class Router(nn.Module):
         if cfg.norm_topk_prob:
             probs = probs / probs.sum(dim=-1, keepdim=True)
         return probs.to(x.dtype), ids
+
+    def sigmoid_topk(self, logits: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits: fp32 [N, E] -> weights [N, k] (dtype), ids [N, k]."""
+        cfg = self.cfg
+        if cfg.router_softcap:
+            logits = torch.tanh(logits / cfg.router_softcap) * cfg.router_softcap
+        scores = torch.sigmoid(logits)
+        choice = scores + self.e_score_correction_bias.float()
+        if cfg.n_group > 1:  # experts outside the topk_group best groups are never chosen
+            groups = choice.unflatten(-1, (cfg.n_group, -1))  # [N, G, E / G]
+            best = groups.topk(2, dim=-1).values.sum(-1).topk(cfg.topk_group, dim=-1).indices  # [N, topk_group]
+            keep = torch.zeros_like(groups[..., 0], dtype=torch.bool).scatter_(1, best, True)
+            choice = groups.masked_fill(~keep[..., None], float("-inf")).flatten(1)
+        ids = choice.topk(cfg.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if cfg.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return (weights * cfg.routed_scaling_factor).to(dtype), ids
 
 
 class Experts(nn.Module):

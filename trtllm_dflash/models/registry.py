@@ -26,13 +26,19 @@ from ..config.family import (
 from ..config.family import read_as_transformers as _read_as_transformers
 from ..config.model import DRAFTER_ARCHITECTURE, DrafterConfig, TargetConfig
 from ..utils.errors import DFlashError
-from . import deepseek_v4, gemma4
+from . import deepseek_v3, deepseek_v4, gemma4, laguna, minimax_m2
+from .deepseek_v3 import config as deepseek_v3_config
 from .deepseek_v4 import config as deepseek_v4_config
 from .gemma4 import config as gemma4_config
+from .laguna import config as laguna_config
+from .minimax_m2 import config as minimax_m2_config
 
 # Qwen3.5 / Qwen3-Next (transformers 5.23 models/qwen3_next/modeling_qwen3_next.py, models/qwen3_5/modular_qwen3_5.py)
 _HYBRID = dict(qk_norm=True, layout=no_sliding, hybrid=True, partial_rotary=True, checkpoint="qwen3_5")
 # Gemma 4 (models/gemma4/): text-only, and the multimodal checkpoint's text_config
+# DeepSeek-V3 (models/deepseek_v3/): text-only, and Kimi-K2.5's text_config
+_DEEPSEEK_V3 = dict(qk_norm=False, layout=deepseek_v3_config.layout, moe=deepseek_v3_config.moe_config,
+                    own=deepseek_v3_config.own_fields, model=deepseek_v3.build, checkpoint="deepseek_v3")
 _GEMMA4 = dict(qk_norm=True, layout=gemma4_config.layout, defaults=gemma4_config.TEXT_DEFAULTS,
                moe=gemma4_config.moe_config, own=gemma4_config.own_fields, model=gemma4.build, checkpoint="gemma4")
 
@@ -56,6 +62,15 @@ FAMILIES = {
                           defaults=deepseek_v4_config.DEFAULTS, fill=deepseek_v4_config.fill, partial_rotary=True,
                           moe=deepseek_v4_config.moe_config, own=deepseek_v4_config.own_fields,
                           model=deepseek_v4.build, checkpoint="deepseek_v4"),
+    "minimax_m2": Family("MiniMaxM2ForCausalLM", qk_norm=False, layout=no_sliding, defaults=minimax_m2_config.DEFAULTS,
+                         fill=minimax_m2_config.fill, partial_rotary=True, moe=minimax_m2_config.moe_config,
+                         own=minimax_m2_config.own_fields, model=minimax_m2.build, checkpoint="minimax_m2"),
+    "deepseek_v3": Family("DeepseekV3ForCausalLM", **_DEEPSEEK_V3),
+    "kimi_k25": Family("Kimi_K25ForConditionalGeneration", multimodal=True, defaults={"tie_word_embeddings": True},
+                       **_DEEPSEEK_V3),
+    "laguna": Family("LagunaForCausalLM", qk_norm=True, layout=laguna_config.layout, defaults=laguna_config.DEFAULTS,
+                     moe=laguna_config.moe_config, own=laguna_config.own_fields, model=laguna.build,
+                     checkpoint="laguna"),
 }
 # A drafter is Qwen3 layers built from the config class its model_type names (vLLM and SGLang load it
 # with AutoConfig); an unknown type is read as Qwen3Config, the reference drafter's config_class.

@@ -42,10 +42,13 @@ class TargetLayer(nn.Module):
     """cache_index: this layer's index among the attention layers (full and sliding-window), or among
     the linear-attention ones."""
 
-    def __init__(self, cfg: TargetConfig, tp: Parallel, layer: int, kind: str = "full_attention", cache_index: int = 0):
+    def __init__(self, cfg: TargetConfig, tp: Parallel, layer: int, kind: str = "full_attention", cache_index: int = 0,
+                 attention=None):
         super().__init__()
         if kind == "linear_attention":
             self.linear_attn = GatedDeltaNet(cfg, tp)
+        elif attention is not None:  # a family's own attention layer (TargetModel.attention)
+            self.self_attn = attention(cfg, tp, layer)
         else:
             self.self_attn = Attention(cfg, tp, window=cfg.window(layer) if cfg.layer_types else None)
         if cfg.is_moe_layer(layer):
@@ -73,7 +76,10 @@ class TargetModel(nn.Module):
     """Weights are named as in the Hugging Face checkpoints (`model.layers.0...`, `lm_head`).
 
     With tp.world > 1 this is one rank's shard; every rank runs the same steps on the same inputs.
+    A family folder's subclass may set `attention`, its attention layer's class, built as `(cfg, tp, layer)`.
     """
+
+    attention = None
 
     def __init__(self, cfg: TargetConfig, tp: Parallel = SINGLE):
         super().__init__()
@@ -82,7 +88,7 @@ class TargetModel(nn.Module):
         self.model.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, tp)
         kinds = [cfg.layer_kind(i) for i in range(cfg.num_hidden_layers)]
         linear = [kind == "linear_attention" for kind in kinds]  # cache index: among layers of the same cache
-        self.model.layers = nn.ModuleList(TargetLayer(cfg, tp, i, kind, linear[:i].count(linear[i]))
+        self.model.layers = nn.ModuleList(TargetLayer(cfg, tp, i, kind, linear[:i].count(linear[i]), self.attention)
                                           for i, kind in enumerate(kinds))
         self.model.norm = target_norm(cfg)
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, tp)

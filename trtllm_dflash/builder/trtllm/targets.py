@@ -44,13 +44,18 @@ FAMILIES: dict[str, tuple[str, str, str]] = {
     "qwen3_5_moe_text": ("Qwen3_5MoeForCausalLM", "tested",
                          f"{TESTS}: Qwen3.5-35B-A3B, Qwen3.6-35B-A3B; {HYBRID}; {MATRIX} says No"),
     "qwen3_moe": ("Qwen3MoeForCausalLM", "untested", UNTESTED),
+    # issue 58 reports upstream's DFlash tests on MiniMax-M2.5 at TP 2 (the test file is not in the stored copies)
+    "minimax_m2": ("MiniMaxM2ForCausalLM", "tested", "upstream DFlash tests: MiniMax-M2.5 at TP 2 (issue 58)"),
+    "laguna": ("LagunaForCausalLM", "tested", "NVIDIA/TensorRT-LLM PR #15666 (merged): DFlash on Laguna, validated "
+                                              "on poolside/Laguna-XS-2.1 with tensorrt-llm 1.3.0rc20"),
 }
 # families upstream's matrix marks DFlash "No" and no upstream test runs
 REFUSED = {"qwen3_next": "Qwen3NextForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
            "deepseek_v32": "DeepseekV32ForCausalLM", "deepseek_v4": "DeepseekV4ForCausalLM",
            "llama4": "Llama4ForConditionalGeneration", "gemma4": "Gemma4ForConditionalGeneration",
            "gemma4_text": "Gemma4ForCausalLM",
-           "nemotron_h": "NemotronHForCausalLM", "glm4_moe": "Glm4MoeForCausalLM"}
+           "nemotron_h": "NemotronHForCausalLM", "glm4_moe": "Glm4MoeForCausalLM",
+           "kimi_k25": "Kimi_K25ForConditionalGeneration"}  # Kimi-K2.5's language model is DeepseekV3ForCausalLM
 NO_KV_LAYER_TYPES = {"linear_attention"}  # Gated DeltaNet layers keep recurrent state, not a KV cache
 
 

@@ -1,0 +1,41 @@
+"""DeepSeek-V3 and Kimi-K2.5 checkpoints -> the names of models/target.py's MoE layers and MlaAttention.
+
+Published DeepSeek-V3 (and what transformers 5.24 `save_pretrained` writes back through conversion_mapping.py
+"deepseek_v3" = "qwen2_moe"): `mlp.gate.weight`, `mlp.gate.e_score_correction_bias`,
+`mlp.experts.<j>.{gate,up,down}_proj.weight`, `mlp.shared_experts.*`; its multi-token-prediction layer sits at
+layer index num_hidden_layers and is dropped (transformers' DeepseekV3 builds none). Kimi-K2.5 keeps the language
+model under `language_model.model.*` / `language_model.lm_head` (published) or `model.language_model.*` (transformers'
+in memory; conversion_mapping.py "kimi_k25"), beside its vision tower and projector, which are dropped.
+transformers 5.24's `save_pretrained` writes the language model's layers as `language_model.model.blocks.*` (its
+vision tower's `blocks` -> `layers` rule, reversed on every name), read back as layers here as transformers does; its
+writer also renames a plain `self_attn.q_proj` (q_lora_rank null) as a vision `wqkv`, which is not read.
+checkpoint/layout.py stacks the experts.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+RENAMES = [
+    (re.compile(r"^language_model\.model\.blocks\."), "model.layers."),  # transformers' writer: see the docstring
+    (re.compile(r"^language_model\.model\."), "model."),
+    (re.compile(r"^language_model\.lm_head\."), "lm_head."),
+    (re.compile(r"^model\.language_model\."), "model."),
+    (re.compile(r"\.mlp\.gate\.e_score_correction_bias$"), ".mlp.router.e_score_correction_bias"),
+    (re.compile(r"\.mlp\.shared_experts\."), ".mlp.shared_expert."),
+]
+LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+LANGUAGE_MODEL = ("model.embed_tokens.", "model.layers.", "model.norm.", "lm_head.")  # the rest: vision, projector
+
+
+def deepseek_v3_names(cfg, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    out = {}
+    for name, t in tensors.items():
+        for pattern, target in RENAMES:
+            name = pattern.sub(target, name)
+        layer = LAYER.match(name)
+        if name.startswith(LANGUAGE_MODEL) and not (layer and int(layer[1]) >= cfg.num_hidden_layers):
+            out[name] = t
+    return out
