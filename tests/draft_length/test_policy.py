@@ -21,7 +21,7 @@ def cpu(step, rows, k):
     return 1.0 if k == 0 else 1.6 + 0.02 * k
 
 
-def check(seconds, easy, seeds=range(3), **kw):
+def check(seconds, easy, seeds=range(4), **kw):
     for seed in seeds:
         k, best = best_fixed(seconds, easy, seed=seed, **kw)
         auto = simulate(AutoDraftLen(), seconds, easy, seed=seed, **kw)
@@ -38,7 +38,7 @@ def test_a_hard_opening_then_an_easy_stretch_is_drafted_again():
 
 
 def test_a_machine_that_turns_twice_as_slow_mid_run():
-    check(lambda step, rows, k: cpu(step, rows, k) * (2.0 if step >= 60 else 1.0), lambda t: 0.7)
+    check(lambda step, rows, k: cpu(step, rows, k) * (2.0 if step >= 100 else 1.0), lambda t: 0.7, tokens=512)
 
 
 def test_drafting_that_turns_dear_mid_run_is_given_up():
@@ -51,30 +51,33 @@ def test_a_batch_whose_verify_costs_more_than_its_tokens_stops_drafting():
     def dear(step, rows, k):
         return 1.0 if k == 0 else 1.5 + 1.1 * k
 
-    check(dear, lambda t: 0.9, seeds=range(2), rows=16, requests=48, tokens=96)
+    check(dear, lambda t: 0.9, seeds=range(2), rows=16, requests=96, tokens=96)
 
 
 def test_a_served_batch_drafts_where_its_rows_pay():
     def gpu(step, rows, k):  # verify nearly free in tokens, the drafter's pass a fifth of a step
         return 1.0 + 0.2 * (k > 0) + 0.01 * k * rows
 
-    check(gpu, lambda t: 0.7, seeds=range(2), rows=8, requests=24, tokens=96)
+    check(gpu, lambda t: 0.7, rows=8, requests=64, tokens=96)
 
 
 def test_poor_acceptance_at_batch_one_stays_near_plain():
     check(cpu, lambda t: 0.05)
 
 
-def test_step_times_follow_what_runs_and_keep_the_ratio_through_a_slowdown():
+def test_step_times_follow_what_runs_and_a_stale_kind_looks_cheap_not_dear():
     times = StepTimes(analytic_shape(K))
     for _ in range(3):
         times.observe(1, 0, 0.010)
         times.observe(1, K, 0.030)
     assert math.exp(times.log_seconds(0)[K] - times.log_seconds(0)[0]) == pytest.approx(3.0, rel=0.05)
-    for _ in range(10):  # twice as slow, only drafting steps run: plain steps are priced most of that slower
+    for _ in range(10):  # twice as slow while only drafting steps run: drafting now looks dearer than plain ...
         times.observe(1, K, 0.060)
     seconds = np.exp(times.log_seconds(0))
-    assert seconds[K] == pytest.approx(0.060, rel=0.02) and 0.015 < seconds[0] < 0.021
+    assert seconds[K] == pytest.approx(0.060, rel=0.02) and seconds[0] == pytest.approx(0.010)
+    for _ in range(8):  # ... so plain steps run, and show the slowdown within a few
+        times.observe(1, 0, 0.020)
+    assert math.exp(times.log_seconds(0)[0]) == pytest.approx(0.020, rel=0.15)
     # a drafting length not run keeps the prior's ratio to the one run (1.66 / 1.9 plain steps)
     assert seconds[3] / seconds[K] == pytest.approx(1.66 / 1.9)
     times.observe(1, K, 6.0)  # one stray step moves the estimate by at most log 2 x (its gains)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-OWN_DECAY = 0.9  # per step of the request: its own evidence remembers about 10 steps
+OWN_DECAY = 0.95  # per step of the request: its own evidence remembers about 20 steps
 POOLED_DECAY = 0.99  # per step: the pair's pooled evidence remembers about 100 (a pool of hard requests fades)
 PRIOR_WEIGHT = 2.0  # pseudo-trials of the pooled rate behind each request's rate
 BASE_RATE, BASE_WEIGHT = 0.6, 2.0  # the pooled rates before any evidence, and the pseudo-trials behind them
@@ -57,14 +57,24 @@ class AcceptanceModel:
         self.counts[:, rows, :k] += evidence
         self.pooled[:, :k] += evidence.sum(1)
 
+    def pooled_rates(self) -> np.ndarray:
+        """[K] the pooled rate at each position, shrunk toward the one before it (position 1's toward BASE_RATE):
+        a deep position is reached only after the drafts before it are accepted, so where those are rejected it
+        stays thin, and it should read as its predecessor's rate, not as the base rate."""
+        rates, before = np.empty(self.max_draft_len), BASE_RATE
+        for j, (trials, hits) in enumerate(self.pooled.T):
+            rates[j] = before = (hits + BASE_WEIGHT * before) / (trials + BASE_WEIGHT)
+        return rates
+
     def rates(self, slots: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """-> ([B, K] posterior mean rates, [B, K] their upper confidence bounds)."""
-        trials, hits = self.pooled
-        prior = (hits + BASE_WEIGHT * BASE_RATE) / (trials + BASE_WEIGHT)  # [K]
+        """-> ([B, K] posterior mean rates, [B, K] their upper confidence bounds). A deep position's bound is no
+        wider than position 1's: thin deep evidence must not compound into a long draft where position 1 is well
+        measured and poor."""
         trials, hits = self.counts[:, slot_rows(slots)]
         seen = trials + PRIOR_WEIGHT
-        mean = (hits + PRIOR_WEIGHT * prior) / seen
-        return mean, np.minimum(1.0, mean + OPTIMISM * np.sqrt(mean * (1.0 - mean) / seen))
+        mean = (hits + PRIOR_WEIGHT * self.pooled_rates()) / seen
+        width = OPTIMISM * np.sqrt(mean * (1.0 - mean) / seen)
+        return mean, np.minimum(1.0, mean + np.minimum(width, width[:, :1]))
 
     def tokens(self, slots: list[int], remaining: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """-> ([B, K + 1] expected tokens each request emits at draft length 0..K, the same at the upper bounds),
