@@ -1,7 +1,7 @@
 """Batch 1, one user: `--draft-len auto` against plain decoding and against `--draft-len 15`, same prompts.
 
 What a single user of `dflash-generate` meets: each request runs alone with a fresh policy (as a fresh
-`dflash-generate` process does), greedy, float32, the built-in pair, on the engine's frozen step-cost calibration.
+`dflash-generate` process does), greedy, float32, the built-in pair, deciding from its own step times (nothing calibrated).
 The three decodings run prompt by prompt, in a rotating order, for --repeats rounds, so machine drift lands on
 all three alike. Reported per decoding: tokens/s summed over the prompts per round (median and range over
 rounds), each round's ratio to plain and to the better of plain and 15, and tau (tokens per verify step) per prompt
@@ -37,7 +37,7 @@ NEW_TOKENS = 128
 DECODINGS = ("plain", "15", "auto")
 
 
-def engine_and_cost(root: Path):
+def engine(root: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).parent))
     from serve_dflash_vs_plain import served_engine
 
@@ -172,10 +172,10 @@ def main(argv=None) -> None:
     from trtllm_dflash.engine.loader import load_engine
 
     with tempfile.TemporaryDirectory() as tmp:
-        engine, _ = engine_and_cost(Path(tmp))
-        pipelines = {"plain": load_engine(engine, decoding="plain", step_mode="eager"),
-                     "dflash": load_engine(engine, step_mode="eager")}
-        all_ids = prompts(engine, args.prompts)
+        engine_dir = engine(Path(tmp))
+        pipelines = {"plain": load_engine(engine_dir, decoding="plain", step_mode="eager"),
+                     "dflash": load_engine(engine_dir, step_mode="eager")}
+        all_ids = prompts(engine_dir, args.prompts)
         load = BackgroundLoad() if args.load else None
         with torch.inference_mode():
             report = {"command": "python benchmarks/draft_len_batch1.py " + " ".join(argv or sys.argv[1:]),
@@ -184,7 +184,7 @@ def main(argv=None) -> None:
                       "background_load": "a busy python process in every other prompt slot" if load else None,
                       "load_average_at_start": os.getloadavg()}
             try:
-                report["summary"] = summary(rounds(pipelines, engine, all_ids, args.repeats, load))
+                report["summary"] = summary(rounds(pipelines, engine_dir, all_ids, args.repeats, load))
             finally:
                 if load is not None:
                     load.set(False)

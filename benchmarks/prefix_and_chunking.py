@@ -8,7 +8,7 @@ the pool, one after another, until it is full. Compared with today's slot layout
     python benchmarks/prefix_and_chunking.py memory --out benchmarks/results/prefix_and_chunking/memory.json
 
 prefix and chunking: served by the real tritonserver (CPU here), the built-in pair in float32 (max_seq_len 2048),
-two servers started side by side from one engine whose step cost is calibrated first, every repeat running on one
+two servers started side by side from one engine, every repeat running on one
 server and then the other (the order alternating), streaming over HTTP generate_stream.
 
 prefix: `--requests` requests (default 32) share a system prompt of `--system-tokens` held-out tokens (a new one
@@ -121,9 +121,8 @@ def stream(ends, text: str, max_tokens: int) -> dict:
 
 
 def engine_and_texts(root: Path, count: int, tokens: int):
-    """The float32 built-in engine (calibrated where serving looks) and `count` held-out windows of `tokens`."""
+    """The float32 built-in engine and `count` held-out windows of `tokens`."""
     from transformers import AutoTokenizer
-    from trtllm_dflash.engine.draft_len import calibrate_engine
 
     from trtllm_dflash.builder.builder import build_engine
     from trtllm_dflash.builder.spec import BuildSpec
@@ -133,7 +132,6 @@ def engine_and_texts(root: Path, count: int, tokens: int):
     target, drafter = stdlib_pair()
     engine = build_engine(BuildSpec(str(target), str(drafter), str(root / "engine"), dtype="float32",
                                     max_batch_size=16, max_seq_len=MAX_SEQ_LEN), "benchmarks/prefix_and_chunking.py")
-    calibrate_engine(engine)
     tokenizer = AutoTokenizer.from_pretrained(str(target))
     windows = []
     for f in split(stdlib_sources())[1]:

@@ -5,7 +5,7 @@
 
 A float32 torch engine of the built-in pair (trtllm_dflash/pairs/stdlib: 6-layer target, 2-layer
 drafter, block 16) served twice by the real tritonserver on loopback: `--decoding plain` and DFlash with
-`--draft-len` (default auto: chosen every step from the calibrated step cost and live acceptance). Both
+`--draft-len` (default auto: chosen every step from the step times and acceptance the server measures). Both
 servers run at once, started fresh for every repeat; each point runs on one and then on the other (the
 idle one waits), the order alternating from point to point and between repeats, so the two measurements
 of a point lie seconds apart (points run minutes apart carry the shared machine's drift into the ratio). Each server runs every point: prompts of two
@@ -16,13 +16,11 @@ point. Why 6: with equal output lengths, plain decoding admits and finishes each
 lockstep waves, while DFlash's requests finish apart (acceptance differs), so a point's last wave ends in
 a tail where few requests run. The shorter the point, the more that tail weighs: a property of the finite
 point, not of serving. The ratio DFlash / plain is taken per repeat and reported as median, min and max
-over repeats. The engine's step cost is calibrated once before the servers start, at the same thread count
-(OMP_NUM_THREADS for the servers), so both servers start alike. Mean draft length and the share of plain
+over repeats. Nothing is calibrated: both servers start as a fresh install's do. Mean draft length and the share of plain
 steps come from the server's counters. --warmup N: before any timed point, each server serves N untimed
 requests of each context, one at a time (the last N prompts of each set, 128 new tokens), as load generators'
 warm-up requests do: the timed points then measure a server that has met both prompt lengths (the DFlash
-server's acceptance statistics and newcomer back-off have data; a fresh server's first requests of a new
-prompt length probe the drafter), not its first requests. 0 (the default) times a fresh server's first ones.
+server's pooled acceptance and step times have data), not its first requests. 0 (the default) times a fresh server's first ones.
 --contexts: which prompt sets run (default both; `--contexts 1024` runs only the 1024-token points, and warms
 up on them only).
 --draft-len auto,15: one DFlash server per value, every point on each, and each server's ratio over the best of
@@ -119,10 +117,8 @@ def prompt_sets(tokenizer, quick: bool) -> dict[str, list[str]]:
 
 
 def served_engine(root: Path, max_batch: int, made_by: str):
-    """The benchmark's engine (built-in pair, float32, max_seq_len 1280) under root/engine, its step cost
-    calibrated where serving looks; -> (engine dir, cost model)."""
-    from trtllm_dflash.engine.draft_len import calibrate_engine
-
+    """The benchmark's engine (built-in pair, float32, max_seq_len 1280) under root/engine, nothing calibrated:
+    `--draft-len auto` starts as a fresh install's does."""
     from trtllm_dflash.builder.builder import build_engine
     from trtllm_dflash.builder.spec import BuildSpec
     from trtllm_dflash.pairs import stdlib_pair
@@ -130,8 +126,7 @@ def served_engine(root: Path, max_batch: int, made_by: str):
     target, drafter = stdlib_pair()
     engine = build_engine(BuildSpec(str(target), str(drafter), str(root / "engine"), dtype="float32",
                                     max_batch_size=max_batch, max_seq_len=1280), made_by)
-    cost, _ = calibrate_engine(engine)
-    return engine, cost
+    return engine
 
 
 def serve(engine: Path, root: Path, decoding: str, draft_len: str, threads: int, name: str | None = None,
@@ -267,7 +262,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        engine, cost = served_engine(root, max(args.concurrency), "benchmarks/serve_dflash_vs_plain.py")
+        engine = served_engine(root, max(args.concurrency), "benchmarks/serve_dflash_vs_plain.py")
         prompts = prompt_sets(AutoTokenizer.from_pretrained(stdlib_pair()[0]), args.quick)
         prompts = {context: prompts[context] for context in args.contexts}
         rows = []
@@ -284,8 +279,6 @@ def main() -> None:
               "engine": "built-in stdlib pair, torch backend, float32, TP 1, block 16, max_batch_size "
                         f"{max(args.concurrency)}", "new_tokens": NEW_TOKENS, "draft_len": args.draft_len,
               "control": args.control,
-              "calibration": {"seconds_grid": cost.seconds, "batch_sizes": cost.batch_sizes,
-                              "draft_lens": cost.draft_lens, "contexts": cost.contexts, "meta": cost.meta},
               "table": table, "rows": rows, "server_log_tails": logs}
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(record, indent=1) + "\n")

@@ -146,7 +146,7 @@ def test_too_long_for_the_target(capsys, hf_target):
 
 
 def test_too_long_with_a_drafter_names_the_prompt_and_the_request(capsys, hf_target, random_drafter):
-    """Checked before the draft-length calibration, whose own requests must not be the ones reported."""
+    """Checked before anything is allocated for the request."""
     _, target = hf_target
     expect_error(capsys, "prompt length 600 + max_new_tokens 4 = 604 exceeds the target's max_position_embeddings 512",
                  "--target", str(target), "--drafter", str(random_drafter), "--prompt-ids", ",".join(["3"] * 600),

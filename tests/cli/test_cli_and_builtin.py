@@ -35,7 +35,7 @@ def test_generate_json_contract_with_builtin_pair(builtin):
     assert spec["output_ids"] == plain["output_ids"] and len(spec["output_ids"]) == 40
     assert plain["acceptance_lengths"] == [1] * 39 and plain["tau"] == 1.0
     assert spec["tau"] == sum(spec["acceptance_lengths"]) / len(spec["acceptance_lengths"])
-    # the draft length of every step (auto: chosen from a calibrated cost), plain decoding's all 0
+    # the draft length of every step (auto: chosen from the run's own step times), plain decoding's all 0
     assert len(spec["draft_lengths"]) == len(spec["acceptance_lengths"]) and set(spec["draft_lengths"]) <= set(range(8))
     assert all(a <= k + 1 for a, k in zip(spec["acceptance_lengths"], spec["draft_lengths"]))
     assert plain["draft_lengths"] == [0] * 39

@@ -1,5 +1,7 @@
-"""The draft-length policy inside the generator: exact at any per-step k, calibrated and cached."""
+"""The draft-length policy inside the generator: exact at any per-step k, deciding from its own steps; the
+stored step-cost model `dflash-build calibrate` measures."""
 
+import numpy as np
 import pytest
 import torch
 from helpers.oracle import held_out_ids, hf_greedy
@@ -9,7 +11,6 @@ from trtllm_dflash.engine.calibrate import (
     CalibrationCache,
     CalibrationPlan,
     calibration_key,
-    calibrator,
     measure,
 )
 from trtllm_dflash.engine.pipeline import load_pipeline
@@ -17,7 +18,8 @@ from trtllm_dflash.engine.request import Request
 
 from trtllm_dflash.cache.block_pool import default_blocks
 from trtllm_dflash.compilation.step_mode import StepMode
-from trtllm_dflash.draft_length.policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen
+from trtllm_dflash.draft_length.policy import AutoDraftLen, DraftLenPolicy, FixedDraftLen
+from trtllm_dflash.engine.draft_len import stored_prior
 from trtllm_dflash.utils.errors import DFlashError
 
 
@@ -43,24 +45,43 @@ def test_greedy_output_is_the_targets_at_any_sequence_of_draft_lengths(pair, pro
     assert any(a > 0 for k, a in gen.policy.observed if k)  # drafts were really accepted, not only rejected
 
 
-def test_cost_policy_is_exact_and_its_calibration_is_cached(pair, prompts, tmp_path):
+def test_the_live_policy_is_exact_and_starts_without_measuring(pair, prompts, tmp_path):
     spec, plain = load_pipeline(*pair).generator, load_pipeline(pair[0]).generator
-    lines = []
-    spec.policy = CostBasedDraftLen(calibrator=calibrator(CalibrationCache(tmp_path / "cal"), repeats=1,
-                                                          log=lines.append))
+    spec.policy = AutoDraftLen(stored_prior(CalibrationCache(tmp_path / "none")))
+    step = spec.step
+    chosen = []
+    spec.step = lambda draft_len=None: chosen.append(draft_len) or step(draft_len)
     requests = [Request(tuple(p[:12]), 40, ignore_eos=True) for p in prompts[:2]]
     results = spec.generate(requests)
     assert [r.output_ids for r in results] == [r.output_ids for r in plain.generate(requests)]
-    assert "calibrated" in lines[0]
-    cost = spec.policy.cost
-    assert cost.batch_sizes == (1, 2) and cost.draft_lens == (0, 1, 2, 4, 8, 15)
-    assert cost.meta["threads"] == torch.get_num_threads()
-    assert {k for r in results for k in r.draft_lengths} <= set(range(16))
-    assert len(list((tmp_path / "cal").glob("step-cost-*.json"))) == 1
-    again = load_pipeline(*pair).generator  # another process, say: the cached model covers batch 1
-    again.policy = CostBasedDraftLen(calibrator=calibrator(CalibrationCache(tmp_path / "cal"), log=lines.append))
-    again.generate(requests[:1])
-    assert "cached" in lines[1] and len(lines) == 2 and again.policy.cost == cost
+    assert set(chosen) == {None}  # every step the generator ran was a request's, none a measurement's
+    lengths = [k for r in results for k in r.draft_lengths]
+    assert lengths[0] == 0 and max(lengths) > 0  # the bucket's first step is plain, then it drafts
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_pool_smaller_than_the_batch_limit_starts_with_the_live_policy(pair, prompts):
+    """16 slots over 4 KV blocks of 16 positions, prompts prefilled 8 tokens a chunk: nothing at start-up asks
+    for more (the calibration this policy replaced held 16 requests at once and refused such a pool)."""
+    gen, plain = load_pipeline(*pair).generator, load_pipeline(pair[0]).generator
+    gen.policy, gen.max_num_tokens = AutoDraftLen(), 8
+    gen.allocate(16, 64, gen.block, num_blocks=4)
+    request = Request(tuple(prompts[0][:12]), 20, ignore_eos=True)
+    seq = gen.admit([request])[0]
+    while not seq.done:
+        gen.step()
+    assert seq.result.output_ids == plain.generate([request])[0].output_ids
+
+
+def test_a_stored_step_cost_model_is_the_live_policys_prior(pair, tmp_path):
+    gen = load_pipeline(*pair).generator
+    gen.allocate(1, 64, 4)
+    model = measure(gen, CalibrationPlan((1,), (0, 3), (16,), repeats=1))
+    CalibrationCache(tmp_path).save(model, calibration_key(gen))
+    gen.policy = AutoDraftLen(stored_prior(CalibrationCache(tmp_path)))
+    gen.allocate(1, 64, 4)
+    seconds = model.step_seconds(1, 16, 3)
+    assert gen.policy.times.shape[0].tolist() == pytest.approx(np.log(seconds / seconds[0]).tolist())
 
 
 def test_a_cost_model_for_other_threads_is_not_used(pair, tmp_path):

@@ -4,7 +4,7 @@ A batched server computes a request's step together with whichever requests shar
 greedy tokens must not depend on that. The oracle is transformers' greedy decoding of each prompt alone. The
 shipped pair (a real drafter, so drafts are accepted and rejected) on 16 held-out prompts: plain and DFlash
 decoding, each request alone, all 16 at once, and admitted in a staggered order (4 running at a time, newcomers
-joining a batch mid-decode), with draft length 15 and with the cost policy (on a fixed step-cost model, so the
+joining a batch mid-decode), with draft length 15 and with the live policy (fed scripted step times, so the
 mix of plain and drafting steps does not depend on this machine's timing).
 """
 
@@ -14,8 +14,7 @@ from helpers.oracle import held_out_ids, hf_greedy
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
 
-from trtllm_dflash.draft_length.cost import CostModel
-from trtllm_dflash.draft_length.policy import CostBasedDraftLen, FixedDraftLen
+from trtllm_dflash.draft_length.policy import AutoDraftLen, FixedDraftLen
 
 pytestmark = pytest.mark.slow  # 16 prompts against transformers, in four compositions
 
@@ -36,14 +35,13 @@ def expected(pair, prompts):
     return [hf_greedy(oracle, list(p), NEW_TOKENS) for p in prompts]
 
 
-def synthetic_cost() -> CostModel:
-    """A step cost in which drafting pays at small batches and not at 16 rows (as on this project's CPU), fixed
-    so the test's plain/drafting mix does not depend on the machine: seconds = (0.002 + 0.0003 rows) x
-    (1 + 0.06 k)^(rows / 4) per step of k drafts."""
-    batches, lens, contexts = [1, 2, 4, 8, 16], [0, 1, 2, 4, 8, 15], [128, 1024]
-    seconds = [[[(0.002 + 0.0003 * b) * (1 + 0.06 * k) ** (b / 4) for k in lens] for b in batches]
-               for _ in contexts]
-    return CostModel(batches, lens, contexts, seconds, {"source": "synthetic (test)"})
+class SyntheticTimes(AutoDraftLen):
+    """The live policy fed a fixed step time instead of the wall clock's, so the test's plain/drafting mix does
+    not depend on the machine: drafting pays at small batches and not at 16 rows (as on this project's CPU),
+    seconds = (0.002 + 0.0003 rows) x (1 + 0.06 k)^(rows / 4) per step of k drafts."""
+
+    def timed(self, rows, context, draft_len, seconds):
+        super().timed(rows, context, draft_len, (0.002 + 0.0003 * rows) * (1 + 0.06 * draft_len) ** (rows / 4))
 
 
 def policy(kind: str):
@@ -51,7 +49,7 @@ def policy(kind: str):
         return FixedDraftLen(0)
     if kind == "15":
         return FixedDraftLen(15)
-    return CostBasedDraftLen(calibrator=lambda generator: synthetic_cost())
+    return SyntheticTimes()
 
 
 def requests(prompts) -> list[Request]:
@@ -94,6 +92,6 @@ def test_float32_greedy_output_does_not_depend_on_the_batch(pair, prompts, expec
         assert not differ, f"{kind}, {how}: prompts {differ} differ from transformers' greedy output"
     if kind != "plain":  # the check exercised real drafting: drafts were proposed and accepted in the batch
         assert sum(r.accepted_tokens for r in batched) > 0
-    if kind == "auto":  # the synthetic cost drafts alone and runs 16 rows plain: both kinds of step ran
+    if kind == "auto":  # the scripted times draft alone and run 16 rows plain: both kinds of step ran
         lengths = [k for r in batched for k in r.draft_lengths]
         assert 0 in lengths

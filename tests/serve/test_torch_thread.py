@@ -26,7 +26,7 @@ def test_calls_run_in_order_on_one_thread_and_raise_where_they_wait():
 
 
 class RecordingPolicy(FixedDraftLen):
-    """Notes the thread of `prepare` (where a cost-based policy calibrates) and of every `choose` (a step)."""
+    """Notes the thread of `prepare` (where a policy sizes its state) and of every `choose` (a step)."""
 
     def __init__(self):
         super().__init__()

@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..draft_length.policy import best_length
 from ..draft_length.schedule import DraftLenSchedule
 from ..utils.errors import DFlashError
 
@@ -45,10 +46,11 @@ class TuneTable:
         return statistics.median(values) if values else None
 
     def best(self, c: int) -> tuple[int, float]:
-        """-> (draft length, median tok/s) of the fastest draft length at concurrency c (ties: the shorter)."""
-        scored = [(self.median(k, c), -k) for k in self.draft_lens if self.median(k, c) is not None]
-        rate, neg_k = max(scored)
-        return -neg_k, rate
+        """-> (draft length, median tok/s) of the fastest draft length at concurrency c, by the live policy's own
+        rule (`best_length`: ties go to the shorter, and to plain)."""
+        lens = [k for k in self.draft_lens if self.median(k, c) is not None]
+        k = best_length(lens, [self.median(k, c) for k in lens])
+        return k, self.median(k, c)
 
 
 def parse_entry(entry: str) -> tuple[int | None, Path]:

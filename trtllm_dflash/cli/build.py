@@ -24,7 +24,7 @@ PROG = "dflash-build"
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=PROG, description="Build a DFlash engine directory from a target and its drafter. "
                                 "Also: 'dflash-build inspect ENGINE_DIR [--json]', 'dflash-build verify ENGINE_DIR', "
-                                "'dflash-build calibrate ENGINE_DIR' (this machine's step cost, for --draft-len auto), "
+                                "'dflash-build calibrate ENGINE_DIR' (this machine's step cost, a prior for --draft-len auto), "
                                 "'dflash-build compile ENGINE_DIR' (this machine's step graphs, stored in the engine), "
                                 "'dflash-build options ENGINE_DIR' (a trtllm engine's options, paths absolute).")
     p.add_argument("--config", help="YAML file with the same settings (flags override it)")
@@ -139,8 +139,8 @@ def run_verify(argv: list[str]) -> int:
 def calibrate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=f"{PROG} calibrate", description="Measure this machine's decode-step cost for a "
                                 "torch engine (batch x draft length x context) and cache it in ENGINE/calibration/, "
-                                "where dflash-serve and dflash-generate --draft-len auto read it. Valid for this "
-                                "device and thread count only.")
+                                "where --draft-len auto reads it as the prior of the step times it measures. Valid "
+                                "for this device and thread count only.")
     p.add_argument("engine_dir")
     p.add_argument("--max-batch-size", type=int, help="largest running batch measured (default: the engine's)")
     p.add_argument("--threads", type=int, help="torch threads, as the server will run (default: dflash-serve's, "

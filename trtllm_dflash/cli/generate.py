@@ -8,7 +8,7 @@ import sys
 from ..checkpoint.loader import DTYPES, parse_dtype
 from ..compilation.step_mode import StepMode
 from ..config.runtime import AUTO, STEP_MODES, RuntimeConfig
-from ..engine.draft_len import checkpoint_cache, make_policy
+from ..engine.draft_len import make_policy
 from ..engine.pipeline import load_pipeline
 from ..engine.request import Request
 from ..sample.sampling import SamplingParams
@@ -36,7 +36,7 @@ def parser() -> Parser:
     p.add_argument("--seed", type=int)
     p.add_argument("--block-size", type=int, help="tokens per draft block (default: the drafter's trained size)")
     p.add_argument("--draft-len", default=AUTO, help="draft tokens per step: auto (default: chosen every step "
-                   "from a calibrated step cost and live acceptance), N (fixed), or a draft_len_schedule FILE")
+                   "from the step times and acceptance this run measures), N (fixed), or a draft_len_schedule FILE")
     p.add_argument("--ignore-eos", action="store_true", help="do not stop at stop tokens")
     p.add_argument("--dtype", choices=sorted(DTYPES), help="default float32 (an engine uses its own dtype)")
     p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
@@ -67,10 +67,7 @@ def generate_from_checkpoints(args, runtime: RuntimeConfig, sampling: SamplingPa
     request = Request(prompt_ids(args, pipeline.tokenizer, pipeline.target.path), args.max_new_tokens, sampling,
                       ignore_eos=args.ignore_eos)
     generator = pipeline.generator
-    cache = None if pipeline.drafter is None else checkpoint_cache(pipeline.target.path, pipeline.drafter.path,
-                                                                   args.dtype or "float32")
-    generator.configure(runtime, make_policy(runtime.draft_len, generator.block - 1, log=lambda line: print(
-        f"{PROG}: {line}", file=sys.stderr), cache=cache))
+    generator.configure(runtime, make_policy(runtime.draft_len, generator.block - 1))
     return generator.generate([request], args.block_size)[0], pipeline.tokenizer
 
 

@@ -32,7 +32,7 @@ def parser() -> Parser:
                    "(default 256)")
     p.add_argument("--decoding", default="dflash", help="dflash (default) or plain: the target alone, the baseline")
     p.add_argument("--draft-len", default="auto", help="torch engines: draft tokens per step; auto (default: "
-                   "chosen every step from the calibrated step cost and live acceptance), N (fixed), or a "
+                   "chosen every step from the step times and acceptance the server measures), N (fixed), or a "
                    "draft_len_schedule FILE (running batch size -> draft length)")
     p.add_argument("--threads", type=int, help="torch engines: torch threads of the model (default: the cores "
                    "this process may use, divided among the engine's ranks, at most 8)")

@@ -7,7 +7,7 @@ and speculative sampling is lossless for any proposal length chosen from the pas
 - `FixedDraftLen(k)`: always k (capped by the block), the classic speculative loop.
 - `ScheduledDraftLen(schedule)`: TensorRT-LLM's `draft_len_schedule` semantics (running batch size
   -> draft length), so a schedule tuned for a TensorRT-LLM deployment can be tried here.
-The cost-based policy (`--draft-len auto`) is policy.py's `CostBasedDraftLen`.
+The live policy (`--draft-len auto`) is policy.py's `AutoDraftLen`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class DraftLenPolicy(ABC):
     name = "policy"
 
     def prepare(self, generator) -> None:
-        """Called once the generator's caches are allocated (size per-slot state, calibrate)."""
+        """Called once the generator's caches are allocated (size per-slot state)."""
 
     def admit(self, slots: list[int], contexts: list[int]) -> None:
         """New requests, of prompts of `contexts` tokens, now occupy these slots."""

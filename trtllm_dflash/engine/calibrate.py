@@ -1,4 +1,7 @@
-"""Measure the step-cost model on the machine that serves, and cache it with the engine.
+"""`dflash-build calibrate`: measure a step-cost model on the machine that serves, and cache it with the engine.
+
+Nothing measures at start-up: the live policy (draft_length/policy.py) reads a cached model as the prior of its
+step times, which its own timed steps override within a few steps.
 
 The calibration times the generator's own `step(k)` (drafter, verify, acceptance, bookkeeping: the
 whole step a request pays for) on synthetic requests pinned at each context length (`hold`: the
@@ -167,29 +170,3 @@ class CalibrationCache:
             except OSError:
                 continue
         return None
-
-
-def calibrator(cache: CalibrationCache | None = None, repeats: int = 3, log=None):
-    """-> generator -> CostModel: the cached model when it covers the allocation, else a measured one
-    (then cached). `log` gets one line saying which."""
-    def obtain(generator) -> CostModel:
-        key = calibration_key(generator)
-        slots, max_draft_len = generator.slots.usable, generator.block - 1
-        cached = cache.load(key) if cache else None
-        if cached is not None and cached.covers(slots, max_draft_len):
-            if log:
-                log(f"step-cost model: cached ({cached.meta.get('created_utc')}, {key['device']}, "
-                    f"{key['threads']} threads) from {cache.loaded_from}")
-            return cached
-        plan = CalibrationPlan.covering(slots, max_draft_len, generator.capacity - generator.block - 1, repeats)
-        model = measure(generator, plan)
-        where = cache.save(model, key) if cache else None
-        if log:
-            why = "" if cached is None else (f"; the cached one covers batch <= {cached.batch_sizes[-1]}, draft length "
-                                             f"<= {cached.max_draft_len}, this run needs {slots} and {max_draft_len}")
-            kept = (f"; cached in {where}" if where else "; not cached (no writable place)") if cache else ""
-            log(f"step-cost model: calibrated in {model.meta['calibration_s']:.1f} s ({key['device']}, "
-                f"{key['threads']} threads){why}{kept}")
-        return model
-
-    return obtain

@@ -1,6 +1,6 @@
 """`--draft-len`: which policy a served or generating engine uses.
 
-    auto            choose every step from the calibrated step cost and live acceptance (the default)
+    auto            choose every step from the step times and acceptance this process measures (the default)
     N               always N drafts per step (0: plain decoding through the DFlash engine)
     FILE            a draft_len_schedule file (running batch size -> draft length), as TensorRT-LLM runs it
 """
@@ -14,11 +14,11 @@ from pathlib import Path
 from ..config.manifest import RUNTIME_CACHE
 from ..config.runtime import AUTO, draft_len_kind
 from ..draft_length.cost import CostModel
-from ..draft_length.policy import CostBasedDraftLen, DraftLenPolicy, FixedDraftLen, ScheduledDraftLen
+from ..draft_length.policy import AutoDraftLen, DraftLenPolicy, FixedDraftLen, ScheduledDraftLen
 from ..draft_length.schedule import read_schedule
 from ..utils.errors import DFlashError
 from ..utils.user_cache import CACHE_DIR_ENV, user_cache_home
-from .calibrate import CalibrationCache, CalibrationPlan, calibration_key, calibrator, measure
+from .calibrate import CalibrationCache, CalibrationPlan, calibration_key, measure
 
 
 def fallback_cache(engine_dir: Path, root: Path | None = None) -> Path:
@@ -43,16 +43,6 @@ def engine_cache(engine_dir: Path) -> CalibrationCache:
     return CalibrationCache(Path(engine_dir) / RUNTIME_CACHE, fallback_cache(Path(engine_dir)))
 
 
-def checkpoint_cache(target: Path, drafter: Path, dtype: str) -> CalibrationCache:
-    """Where step-cost models of a target + drafter pair run from their checkpoints (`dflash-generate --target
-    --drafter`) are kept: per pair and dtype (by their paths), under $TRTLLM_DFLASH_CACHE_DIR or the user's cache.
-    Without it every run measured its own model (about 20 s on a CPU), and on a busy machine each run's model, so
-    each run's choices, differed (tau 1.11-3.74 over five identical runs of the built-in pair)."""
-    name = f"{Path(target).resolve()}|{Path(drafter).resolve()}|{dtype}"
-    digest = hashlib.sha256(name.encode()).hexdigest()[:16]
-    return CalibrationCache((chosen_root() or user_cache_home() / "calibration") / f"pair-{digest}")
-
-
 def calibrate_engine(engine_dir: Path, max_batch: int | None = None, repeats: int = 3,
                      device: str = "cpu", step_mode: str | None = None) -> tuple[CostModel, Path | None]:
     """`dflash-build calibrate`: measure a torch engine's step cost over its whole range (up to its
@@ -74,17 +64,21 @@ def calibrate_engine(engine_dir: Path, max_batch: int | None = None, repeats: in
     return model, engine_cache(Path(engine_dir)).save(model, calibration_key(generator))
 
 
-def make_policy(setting: str | int | None, max_draft_len: int, engine_dir: Path | None = None,
-                log=None, cache: CalibrationCache | None = None) -> DraftLenPolicy:
+def stored_prior(cache: CalibrationCache):
+    """-> generator -> the step-cost model `dflash-build calibrate` stored for this machine, or None: the live
+    policy's prior, read, never measured."""
+    return lambda generator: cache.load(calibration_key(generator))
+
+
+def make_policy(setting: str | int | None, max_draft_len: int, engine_dir: Path | None = None) -> DraftLenPolicy:
     """The policy a `--draft-len` value names (config/runtime.py checks its form); errors name the value. `auto`
-    keeps its step-cost model in the engine's cache, else in `cache` (checkpoint_cache), else nowhere."""
+    takes an engine's stored step-cost model as its prior where it has one."""
     setting = AUTO if setting is None else str(setting).strip()
     kind = draft_len_kind(setting)
-    if kind == AUTO and max_draft_len == 0:  # plain decoding: nothing to choose, nothing to calibrate
+    if kind == AUTO and max_draft_len == 0:  # plain decoding: nothing to choose
         return FixedDraftLen(0)
     if kind == AUTO:
-        cache = engine_cache(Path(engine_dir)) if engine_dir is not None else cache
-        return CostBasedDraftLen(calibrator=calibrator(cache, log=log))
+        return AutoDraftLen(stored_prior(engine_cache(Path(engine_dir))) if engine_dir is not None else None)
     if kind == "fixed":
         if int(setting) > max_draft_len:
             raise DFlashError(f"--draft-len {setting} exceeds this engine's largest draft length {max_draft_len} "

@@ -122,7 +122,7 @@ class Generator:
             return []
         block = self.check_block(block_size)
         cfg = self.target.config
-        for r in requests:  # before `allocate`, whose draft-length calibration runs requests of its own
+        for r in requests:  # before `allocate`
             r.validate(cfg.vocab_size, cfg.max_position_embeddings)
         capacity = max(len(r.prompt_ids) + r.max_new_tokens for r in requests) + block + 1
         self.allocate(len(requests), capacity, block)
@@ -138,7 +138,7 @@ class Generator:
     @torch.inference_mode(False)
     def allocate(self, num_slots: int, capacity: int, block: int, num_blocks: int | None = None) -> None:
         """Caches for `num_slots` sequences of up to `capacity` positions (prompt + output + block), then the
-        draft-length policy's preparation (which may calibrate: run steps of its own)."""
+        draft-length policy's preparation (per-slot state)."""
         self.allocate_caches(num_slots, capacity, block, num_blocks)
         self.policy.prepare(self)
 

@@ -158,8 +158,7 @@ def run_rank(engine_dir, rank: int, device: str, requests: list[Request], block_
              runtime: RuntimeConfig) -> list[Result]:
     generator = load_engine(engine_dir, rank, device, runtime.decoding, runtime.step_mode,
                             max_batch=len(requests)).generator
-    log = (lambda line: print(f"dflash: {line}", file=sys.stderr)) if rank == 0 else None
-    generator.configure(runtime, make_policy(runtime.draft_len, generator.block - 1, Path(engine_dir), log))
+    generator.configure(runtime, make_policy(runtime.draft_len, generator.block - 1, Path(engine_dir)))
     return generator.generate(requests, block_size)
 
 

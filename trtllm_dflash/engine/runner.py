@@ -32,7 +32,7 @@ class Runner:
         """Counts a step at this padded shape (rows, width, key span). -> whether it was settled: not one of the
         shape's first `StepMode.settle_calls` since the allocation, which warm up and record its CUDA graphs
         (benchmarks/results/gpu_h100_policy/RUN.md); unpadded steps always are. Only settled steps are fed to the
-        cost policy's live correction, as calibration times only settled cells."""
+        live policy's step times (draft_length/step_times.py)."""
         if self.step_mode.shapes is None:
             return True
         self.shape_calls[shape] += 1

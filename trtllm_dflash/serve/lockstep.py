@@ -51,7 +51,7 @@ class LockstepGenerator:
         broadcast(("configure", (g.prefix_caching, g.max_num_tokens, g.kv_cache_bytes)))
         broadcast(("allocate", (num_slots, capacity, block, num_blocks)))
         g.allocate_caches(num_slots, capacity, block, num_blocks)
-        g.policy.prepare(self)  # a calibration's steps are mirrored too
+        g.policy.prepare(self)
 
     def admit(self, requests: list[Request], tags: list | None = None, drafting: bool | None = None) -> list[Sequence]:
         g, requests = self.generator, [with_seed(r) for r in requests]

@@ -103,7 +103,7 @@ class ServingLoop:
         self.on_update = on_update or (lambda counters, delta: None)
         self.on_step = on_step or (lambda draft_len: None)  # the draft length of every batch step
         self.torch_thread = torch_thread or TorchThread("dflash-serving-loop")
-        # on the thread that steps: the cost-based policy calibrates here, and it must time that thread's steps
+        # on the thread that steps, as every torch call of the serving process (torch_thread.py)
         self.torch_thread.call(lambda: generator.allocate(max_batch_size, max_seq_len, generator.block))
         fixed = self.torch_thread.call(lambda: fixed_cost(generator)) if admission.max_wait_s > 0 else 0.0
         self.gate = AdmissionGate(fixed, admission)

@@ -158,10 +158,8 @@ class TritonPythonModel:
         self.torch_thread = TorchThread()
         self.torch_thread.call(lambda: set_threads(runtime.threads, params.tp_size))
         generator, self.tokenizer = self.torch_thread.call(lambda: self.load(params.engine_dir, params.tp_size, runtime))
-        # before the loop allocates: the cost-based policy calibrates (or reads its cache) then
         start = time.perf_counter()
-        policy = make_policy(runtime.draft_len, generator.block - 1, Path(params.engine_dir),
-                             log=lambda line: print(f"dflash: {line}", file=sys.stderr, flush=True))
+        policy = make_policy(runtime.draft_len, generator.block - 1, Path(params.engine_dir))
         print(startup_line({**self.startup, "calibration_s": time.perf_counter() - start}), file=sys.stderr,
               flush=True)
         self.max_tokens_limit = params.max_seq_len
