@@ -8,6 +8,7 @@ counts), and Jinja rendering the chat template directly.
 import http.client
 import json
 import time
+from pathlib import Path
 
 import pytest
 from helpers.triton import metrics, post, text_prompt
@@ -142,13 +143,13 @@ def test_chat_without_a_template_is_a_400_naming_it(frontends):
 @pytest.mark.parametrize("extra, needle", [
     ({"extra_body": {"frobnicate": 1}}, "unknown field 'frobnicate'"),
     ({"max_tokens": 0}, "'max_tokens': Input should be greater than or equal to 1"),
-    ({"max_tokens": 100000}, "'max_tokens': at most 512 (this engine's max_seq_len), got 100000"),
+    ({"max_tokens": 100000}, "after this prompt of 5 tokens (this engine holds "),  # the wording: test_openai_offline
     ({"temperature": -1}, "'temperature': Input should be greater than or equal to 0"),
     ({"n": 2}, "n=2 is not supported by this server"),
     ({"logprobs": 2}, "logprobs=2 is not supported"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop sequences, got 5"),
     ({"prompt": [[1, 2, 3]]}, "token-id prompts are not supported"),
-    ({"prompt": "x" * 600}, "exceeds this engine's sequence capacity"),  # the model's own check
+    ({"prompt": "x" * 600}, "the prompt is 600 tokens: this engine holds at most "),
     ({"stream_options": {"include_usage": True}}, "stream_options is only allowed with stream=true"),
 ])
 def test_bad_requests_are_openai_400s_with_one_clear_message(client, extra, needle):
@@ -200,7 +201,8 @@ def test_a_client_that_disconnects_frees_its_slot(frontends, triton_server, stre
 
 
 def test_dflash_serve_starts_and_stops_the_frontend_with_the_server(triton_server, tmp_path):
-    """`dflash-serve --openai-port`: the frontend answers once Triton is ready; SIGTERM ends a stream in flight
+    """`dflash-serve --openai-port` with DFLASH_API_KEY: the frontend answers once Triton is ready, 401 without the
+    key, which is on no command line and in no environment but the frontend's; SIGTERM ends a stream in flight
     with a shutdown error event and [DONE], and dflash-serve exits 0 leaving no child process."""
     import os
     import signal
@@ -212,8 +214,9 @@ def test_dflash_serve_starts_and_stops_the_frontend_with_the_server(triton_serve
     command = [sys.executable, "-m", "trtllm_dflash.cli.serve", str(triton_server["engine"]), "--model-repo",
                str(tmp_path / "repo"), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
                "--metrics-port", str(ports[2]), "--openai-port", str(ports[3])]
+    key = "sk-serve-test-4f2a9c"
     log = open(tmp_path / "serve.log", "w")
-    serve = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    serve = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DFLASH_API_KEY": key})
     try:
         deadline = time.monotonic() + 240
         while "OpenAI API on" not in (tmp_path / "serve.log").read_text():
@@ -222,9 +225,18 @@ def test_dflash_serve_starts_and_stops_the_frontend_with_the_server(triton_serve
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(serve.pid)], capture_output=True,
                                                    text=True).stdout.split()]
         assert len(children) == 2  # tritonserver and the frontend
+        cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+        frontend = next(pid for pid, line in cmdlines.items() if b"trtllm_dflash.serve.openai" in line)
+        for pid in children:
+            assert key.encode() not in cmdlines[pid]
+            assert (key.encode() in Path(f"/proc/{pid}/environ").read_bytes()) == (pid == frontend)
+        assert key not in (tmp_path / "serve.log").read_text()
+        conn = http.client.HTTPConnection("127.0.0.1", ports[3], timeout=60)
+        conn.request("GET", "/v1/models")
+        assert conn.getresponse().status == 401
         conn = http.client.HTTPConnection("127.0.0.1", ports[3], timeout=60)
         body = {"model": "dflash", "prompt": text_prompt(3), "max_tokens": 450, "ignore_eos": True, "stream": True}
-        conn.request("POST", "/v1/completions", json.dumps(body))
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Authorization": f"Bearer {key}"})
         resp = conn.getresponse()
         assert resp.status == 200 and resp.readline().startswith(b"data:")
         events, done = [], threading.Event()
