@@ -436,3 +436,66 @@ def test_killed_build_is_swept_by_the_next(pairs, tmp_path):
     live.mkdir()
     assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "out2") == 2
     assert live.is_dir() and not (tmp_path / "out2").exists()
+
+
+# ---- builds that fail for the output's sake: another build at once, a read-only parent, a full disk --------
+
+def test_a_second_build_of_one_output_at_once_is_refused(capsys, pairs, tmp_path):
+    """While one build writes an output, another into the same output is one line naming the first's pid, and
+    leaves the first's work alone; the first, stopped, leaves nothing (its lock file neither)."""
+    import signal
+
+    target, drafter = pairs["qwen3"]
+    proc, tmp = start_slow_build(tmp_path, target, drafter, tmp_path / "out")
+    try:
+        expect_error(capsys, f"another dflash-build (pid {proc.pid}) is writing {tmp_path / 'out'}",
+                     "--target", target, "--drafter", drafter, "--output", tmp_path / "out", "--force")
+        assert any(tmp.iterdir())
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    assert not any(tmp_path.glob(".out*")) and not (tmp_path / "out").exists()
+
+
+def in_mount(tmp_path: Path, options: str, script: str) -> subprocess.CompletedProcess:
+    """`script` (sh) with a tmpfs of `options` mounted on tmp_path/mnt in a private mount namespace (unshare -rm:
+    root in a user namespace, so no privilege is needed and nothing stays mounted)."""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare")
+    (tmp_path / "mnt").mkdir()
+    probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "tmpfs", str(tmp_path / "mnt")],
+                           capture_output=True, text=True)
+    if probe.returncode:
+        pytest.skip(f"cannot mount a tmpfs in a user namespace: {probe.stderr.strip()}")
+    return subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o {options} tmpfs {tmp_path / 'mnt'} && "
+                           f"cd {tmp_path / 'mnt'} && {script}"], capture_output=True, text=True, timeout=600)
+
+
+def build_line(target, drafter, out: str, *extra: str) -> str:
+    return (f"{sys.executable} -m trtllm_dflash.cli.build --target {target} --drafter {drafter} --output {out} "
+            + " ".join(extra))
+
+
+@pytest.mark.slow
+def test_read_only_parent_and_full_disk_are_one_line_and_keep_the_users_engine(pairs, tmp_path):
+    """On a tmpfs: read-only, a build is refused before it loads anything; too small, refused by the free-space
+    check; with too few inodes for a second engine, `--force` over the first fails mid-write in one line, leaves
+    no partial engine, and the first engine still verifies."""
+    target, drafter = pairs["qwen3"]
+    build_cmd = lambda out, *extra: build_line(target, drafter, out, *extra)  # noqa: E731
+    ro = in_mount(tmp_path, "ro", f"{build_cmd('engine')}; echo rc=$?; ls -A")
+    assert ro.stderr.strip().splitlines()[-1] == (f"dflash-build: error: cannot write the engine under "
+                                                 f"{tmp_path / 'mnt'}: Read-only file system"), ro.stderr
+    assert ro.stdout.split() == ["rc=2"]
+    small = in_mount(tmp_path, "size=64k", f"{build_cmd('engine')}; echo rc=$?; ls -A")
+    assert "dflash-build: error: not enough free disk space under" in small.stderr and small.stdout.split() == ["rc=2"]
+    full = in_mount(tmp_path, f"size=256m,nr_inodes={ENGINE_INODES}",
+                    f"{build_cmd('engine')} && {build_cmd('engine', '--force')}; echo rc=$?; ls -A; "
+                    f"{sys.executable} -m trtllm_dflash.cli.build verify engine")
+    assert full.stderr.strip().splitlines()[-1] == (f"dflash-build: error: writing {tmp_path / 'mnt' / 'engine'} "
+                                                   "failed: No space left on device; nothing was left behind"), \
+        full.stderr
+    assert full.stdout.split()[:2] == ["rc=2", "engine"]  # the first engine, alone: no sibling, no lock left
+    assert full.stdout.strip().endswith("engine OK")

@@ -135,3 +135,94 @@ def test_trtllm_engines_get_trtllm_serve_under_the_same_model_name(builtin, engi
     assert serve_main(argv + ["--write-only"]) == 0  # prints the command only; the link is reused
     assert serve_main(argv[:-2] + ["--chat-template", str(tmp_path / "none")]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert serve_main(argv + ["--api-key", "sk-1"]) == 2  # TensorRT-LLM's serve.py has no API key option
+    assert capsys.readouterr().err.splitlines()[-1].startswith("dflash-serve: error: --api-key: trtllm-serve, the "
+                                                               "OpenAI API of trtllm engines, takes no API key")
+    assert serve_main([str(engine), "--write-only", "--api-key", "sk-1"]) == 2
+    assert capsys.readouterr().err.strip() == ("dflash-serve: error: --api-key is for the OpenAI API: give "
+                                               "--openai-port too")
+
+
+class ByteTokenizer:
+    """A token a UTF-8 byte, as the test pair's tokenizer: token counts are byte counts."""
+
+    chat_template = None
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode())
+
+
+KEY = "sk-test-0123456789"
+
+
+@pytest.fixture(scope="module")
+def app_client():
+    """The app with an API key and small limits, no Triton behind it (requests refused before it are answered)."""
+    testclient = pytest.importorskip("starlette.testclient")
+    from trtllm_dflash.serve.openai.app import Frontend, create_app
+    from trtllm_dflash.serve.openai.chat import ChatTemplate
+
+    tokenizer = ByteTokenizer()
+    frontend = Frontend("dflash", "127.0.0.1:9", tokenizer, ChatTemplate(tokenizer), max_seq_len=64, block_size=8,
+                        max_request_bytes=4096)
+    with testclient.TestClient(create_app(frontend, KEY)) as client:
+        yield client
+
+
+def test_every_route_but_health_needs_the_api_key(app_client):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    assert app_client.get("/v1/models", headers=auth).status_code == 200
+    assert app_client.get("/v1/models", headers={"Authorization": f"bearer {KEY}"}).status_code == 200
+    assert app_client.get("/nowhere", headers=auth).status_code == 404
+    refusals = [app_client.get("/v1/models"), app_client.get("/nowhere"),
+                app_client.post("/v1/completions", json={"model": "dflash", "prompt": "hi"}),
+                app_client.post("/v1/chat/completions", headers={"Authorization": "Bearer sk-test-012345678"}),
+                app_client.get("/v1/models", headers={"Authorization": f"Basic {KEY}"}),
+                app_client.post("/v1/completions", content=b"x" * 8192)]  # refused before the body (no 413)
+    for reply in refusals:
+        error = reply.json()["error"]
+        assert reply.status_code == 401 and reply.headers["WWW-Authenticate"] == "Bearer", reply.text
+        assert error["type"] == "invalid_request_error" and error["code"] == "invalid_api_key"
+        assert KEY[:12] not in reply.text  # neither the key nor the one sent is echoed
+    assert [r.json()["error"]["message"] for r in refusals[2:5]] == [
+        "missing API key: send the header 'Authorization: Bearer KEY'", "invalid API key",
+        "the Authorization header must be 'Bearer KEY'"]
+    assert app_client.get("/health").status_code == 503  # open: no key asked; no Triton behind it, so not ready
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    ({"prompt": "x" * 60}, 400, "the prompt is 60 tokens: this engine holds at most 55 tokens of prompt and output "
+                                "(max_seq_len 64 less 9 positions for drafting), so none are left to generate"),
+    ({"prompt": "x" * 10, "max_tokens": 50}, 400, "'max_tokens': at most 45 after this prompt of 10 tokens"),
+    ({"prompt": "x", "stop": ["y" * 257]}, 400, "a stop sequence is at most 256 characters, got one of 257"),
+    ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, 400, "at most 4 stop sequences, got 5"),
+    ({"prompt": "x", "n": 3}, 400, "n=3 is not supported by this server"),
+    ({"prompt": "x", "logprobs": 1}, 400, "logprobs=1 is not supported"),
+    ({"prompt": "x", "user": "u" * 5000}, 413, "the request body is 5037 bytes: this server accepts at most 4096 "
+                                                "(dflash-serve --max-request-bytes)"),
+])
+def test_limits_are_refused_naming_the_value(app_client, body, status, needle):
+    reply = app_client.post("/v1/completions", json={"model": "dflash", **body},
+                            headers={"Authorization": f"Bearer {KEY}"})
+    error = reply.json()["error"]
+    assert reply.status_code == status and needle in error["message"], reply.text
+    assert error["type"] == "invalid_request_error" and "\n" not in error["message"]
+
+
+def test_a_chunked_or_deeply_nested_body_is_refused(app_client):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    chunked = app_client.post("/v1/completions", content=iter([b" " * 3000] * 2), headers=auth)  # no Content-Length
+    assert chunked.status_code == 413 and "is more than 4096 bytes" in chunked.json()["error"]["message"]
+    with pytest.raises(InvalidRequest, match="the body's JSON nests too deeply"):  # RecursionError, not a 500
+        parse_body(CompletionRequest, b"[" * 100_000 + b"]" * 100_000, "dflash")
+
+
+def test_frontend_settings_check_the_key_and_the_body_limit():
+    from trtllm_dflash.serve.openai.server import FrontendSettings
+
+    with pytest.raises(DFlashError, match="must be printable ASCII without spaces") as err:
+        FrontendSettings("e", "127.0.0.1:1", "dflash", port=9, api_key="two words")
+    assert "two words" not in str(err.value)
+    with pytest.raises(DFlashError, match="--max-request-bytes must be at least 1024, got 10"):
+        FrontendSettings("e", "127.0.0.1:1", "dflash", port=9, max_request_bytes=10)
+    assert "sk-" not in repr(FrontendSettings("e", "127.0.0.1:1", "dflash", port=9, api_key="sk-secret"))

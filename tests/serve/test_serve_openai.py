@@ -8,6 +8,7 @@ counts), and Jinja rendering the chat template directly.
 import http.client
 import json
 import time
+from pathlib import Path
 
 import pytest
 from helpers.triton import metrics, post, text_prompt
@@ -142,13 +143,13 @@ def test_chat_without_a_template_is_a_400_naming_it(frontends):
 @pytest.mark.parametrize("extra, needle", [
     ({"extra_body": {"frobnicate": 1}}, "unknown field 'frobnicate'"),
     ({"max_tokens": 0}, "'max_tokens': Input should be greater than or equal to 1"),
-    ({"max_tokens": 100000}, "'max_tokens': at most 512 (this engine's max_seq_len), got 100000"),
+    ({"max_tokens": 100000}, "after this prompt of 5 tokens (this engine holds "),  # the wording: test_openai_offline
     ({"temperature": -1}, "'temperature': Input should be greater than or equal to 0"),
     ({"n": 2}, "n=2 is not supported by this server"),
     ({"logprobs": 2}, "logprobs=2 is not supported"),
     ({"stop": ["a", "b", "c", "d", "e"]}, "at most 4 stop sequences, got 5"),
     ({"prompt": [[1, 2, 3]]}, "token-id prompts are not supported"),
-    ({"prompt": "x" * 600}, "exceeds this engine's sequence capacity"),  # the model's own check
+    ({"prompt": "x" * 600}, "the prompt is 600 tokens: this engine holds at most "),
     ({"stream_options": {"include_usage": True}}, "stream_options is only allowed with stream=true"),
 ])
 def test_bad_requests_are_openai_400s_with_one_clear_message(client, extra, needle):
@@ -200,7 +201,8 @@ def test_a_client_that_disconnects_frees_its_slot(frontends, triton_server, stre
 
 
 def test_dflash_serve_starts_and_stops_the_frontend_with_the_server(triton_server, tmp_path):
-    """`dflash-serve --openai-port`: the frontend answers once Triton is ready; SIGTERM ends a stream in flight
+    """`dflash-serve --openai-port` with DFLASH_API_KEY: the frontend answers once Triton is ready, 401 without the
+    key, which is on no command line and in no environment but the frontend's; SIGTERM ends a stream in flight
     with a shutdown error event and [DONE], and dflash-serve exits 0 leaving no child process."""
     import os
     import signal
@@ -212,8 +214,9 @@ def test_dflash_serve_starts_and_stops_the_frontend_with_the_server(triton_serve
     command = [sys.executable, "-m", "trtllm_dflash.cli.serve", str(triton_server["engine"]), "--model-repo",
                str(tmp_path / "repo"), "--http-port", str(ports[0]), "--grpc-port", str(ports[1]),
                "--metrics-port", str(ports[2]), "--openai-port", str(ports[3])]
+    key = "sk-serve-test-4f2a9c"
     log = open(tmp_path / "serve.log", "w")
-    serve = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    serve = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "DFLASH_API_KEY": key})
     try:
         deadline = time.monotonic() + 240
         while "OpenAI API on" not in (tmp_path / "serve.log").read_text():
@@ -222,9 +225,18 @@ def test_dflash_serve_starts_and_stops_the_frontend_with_the_server(triton_serve
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(serve.pid)], capture_output=True,
                                                    text=True).stdout.split()]
         assert len(children) == 2  # tritonserver and the frontend
+        cmdlines = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+        frontend = next(pid for pid, line in cmdlines.items() if b"trtllm_dflash.serve.openai" in line)
+        for pid in children:
+            assert key.encode() not in cmdlines[pid]
+            assert (key.encode() in Path(f"/proc/{pid}/environ").read_bytes()) == (pid == frontend)
+        assert key not in (tmp_path / "serve.log").read_text()
+        conn = http.client.HTTPConnection("127.0.0.1", ports[3], timeout=60)
+        conn.request("GET", "/v1/models")
+        assert conn.getresponse().status == 401
         conn = http.client.HTTPConnection("127.0.0.1", ports[3], timeout=60)
         body = {"model": "dflash", "prompt": text_prompt(3), "max_tokens": 450, "ignore_eos": True, "stream": True}
-        conn.request("POST", "/v1/completions", json.dumps(body))
+        conn.request("POST", "/v1/completions", json.dumps(body), {"Authorization": f"Bearer {key}"})
         resp = conn.getresponse()
         assert resp.status == 200 and resp.readline().startswith(b"data:")
         events, done = [], threading.Event()
@@ -247,3 +259,128 @@ def test_dflash_serve_starts_and_stops_the_frontend_with_the_server(triton_serve
         if serve.poll() is None:
             serve.kill()
         log.close()
+
+
+KEEP, DROP = 24, 440  # output tokens of a kept request, and of a dropped one: far more than it decodes before it goes
+
+
+def read_sse(port: int, path: str, body: dict, headers: dict | None = None, keep: int | None = None) -> list[bytes]:
+    """The `data:` lines of a server-sent-event stream; with `keep`, only that many, then the connection closes
+    (the client goes away mid-stream)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", path, json.dumps(body), {"Content-Type": "application/json", **(headers or {})})
+    resp, lines = conn.getresponse(), []
+    assert resp.status == 200, resp.read()
+    for line in resp:
+        if line.startswith(b"data:"):
+            lines.append(line[5:].strip())
+            if keep is not None and len(lines) == keep:
+                break
+    conn.close()
+    return lines
+
+
+def grpc_stream(port: int, prompt: str, max_tokens: int, cancel_after: int | None = None) -> list[str]:
+    """A gRPC stream's texts; with `cancel_after`, cancelled through Triton's client after that many responses."""
+    import threading
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    texts, done, enough = [], threading.Event(), threading.Event()
+
+    def callback(result, error):
+        if error is not None:
+            texts.append(error)
+            return done.set()
+        texts.append(result.as_numpy("text_output")[0].decode())
+        if cancel_after is not None and len(texts) >= cancel_after:
+            enough.set()
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    def tensor(name, value, dtype, triton_type):
+        t = grpcclient.InferInput(name, [1], triton_type)
+        t.set_data_from_numpy(np.array([value], dtype=dtype))
+        return t
+
+    inputs = [tensor("text_input", prompt.encode(), np.object_, "BYTES"), tensor("streaming", True, bool, "BOOL"),
+              tensor("sampling_param_max_tokens", max_tokens, np.int32, "INT32"),
+              tensor("sampling_param_ignore_eos", True, bool, "BOOL"),
+              tensor("sampling_param_exclude_input_from_output", True, bool, "BOOL")]
+    client.start_stream(callback=callback)
+    client.async_stream_infer("dflash", inputs, enable_empty_final_response=False)
+    if cancel_after is None:
+        assert done.wait(120)
+    else:
+        assert enough.wait(120) and not done.is_set()
+    client.stop_stream(cancel_requests=cancel_after is not None)
+    client.close()
+    return texts
+
+
+def test_clients_that_go_away_free_everything_and_the_others_stay_exact(frontends, triton_server):
+    """Four kept requests (Triton HTTP, its SSE, gRPC, OpenAI SSE) decode beside six that go away with far more to
+    go: HTTP and OpenAI SSE streams closed after a few chunks, a gRPC stream cancelled through Triton's client, an
+    OpenAI client that times out. The dropped requests are all counted failed and none of their tokens as generated
+    (cancelled, not run to the end); running requests and KV blocks go back to idle within seconds of the last
+    drop; every kept output equals its prompt's served alone (the oracle, before)."""
+    import threading
+
+    http_port, grpc_port, api = triton_server["ends"].http_port, triton_server["ends"].grpc_port, frontends[0].port
+    prompts = [text_prompt(i) for i in range(10)]
+    alone = [triton_text(triton_server, p, sampling_param_max_tokens=KEEP)["text_output"] for p in prompts[:4]]
+    triton_body = lambda p, n: {"text_input": p, "sampling_param_max_tokens": n, "sampling_param_ignore_eos": True,  # noqa: E731
+                                "sampling_param_exclude_input_from_output": True, "streaming": True}
+    openai_body = lambda p, n: {"model": "dflash", "prompt": p, "max_tokens": n, "temperature": 0,  # noqa: E731
+                                "ignore_eos": True, "stream": True}
+    timed_out = openai.OpenAI(base_url=f"{frontends[0].url}/v1", api_key="unused", max_retries=0, timeout=0.5)
+
+    def openai_timeout(p):
+        with pytest.raises(openai.APITimeoutError):
+            timed_out.completions.create(model="dflash", prompt=p, max_tokens=DROP, temperature=0,
+                                         extra_body={"ignore_eos": True})
+
+    kept = [lambda: post(triton_server, "generate", {**triton_body(prompts[0], KEEP), "streaming": False})["text_output"],
+            lambda: "".join(json.loads(x)["text_output"] for x in
+                            read_sse(http_port, "/v2/models/dflash/generate_stream", triton_body(prompts[1], KEEP))),
+            lambda: "".join(grpc_stream(grpc_port, prompts[2], KEEP)),
+            lambda: "".join(json.loads(x)["choices"][0]["text"] for x in
+                            read_sse(api, "/v1/completions", openai_body(prompts[3], KEEP))[:-1])]
+    dropped = [lambda: read_sse(http_port, "/v2/models/dflash/generate_stream", triton_body(prompts[4], DROP), keep=2),
+               lambda: read_sse(http_port, "/v2/models/dflash/generate_stream", triton_body(prompts[5], DROP), keep=5),
+               lambda: read_sse(api, "/v1/completions", openai_body(prompts[6], DROP), keep=3),
+               lambda: read_sse(api, "/v1/completions", openai_body(prompts[7], DROP), keep=6),
+               lambda: grpc_stream(grpc_port, prompts[8], DROP, cancel_after=3),
+               lambda: openai_timeout(prompts[9])]
+    results, gone, errors = [None] * 4, [], []
+
+    def run(i, call):
+        try:
+            out = call()
+            if i < 4:
+                results[i] = out
+            else:
+                gone.append(time.monotonic())
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+
+    before = metrics(triton_server)
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(kept + dropped)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert not errors, errors
+    assert results == alone
+    deadline, m = time.monotonic() + 30, metrics(triton_server)
+    while (m["dflash_running_requests"], m["dflash_queued_requests"], m["dflash_kv_cache_blocks_used"]) != (0, 0, 0):
+        assert time.monotonic() < deadline, m
+        time.sleep(0.05)
+        m = metrics(triton_server)
+    idle_after = time.monotonic() - max(gone)
+    print(f"idle {idle_after:.2f} s after the last client went away")
+    assert idle_after < 10
+    assert m["dflash_failed_requests_total"] - before["dflash_failed_requests_total"] == len(dropped)
+    assert m["dflash_generated_tokens_total"] - before["dflash_generated_tokens_total"] == KEEP * len(kept)

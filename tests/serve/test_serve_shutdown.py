@@ -5,6 +5,7 @@ child process and no shared-memory region behind."""
 import http.client
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,3 +122,54 @@ def test_a_port_in_use_is_one_line_and_a_quick_exit(triton_server, tmp_path):
         "Address already in use"
     assert time.monotonic() - started < 8
     assert not (tmp_path / "repo").exists()  # nothing written before the refusal
+
+
+def garble_weights(engine: Path) -> Path:
+    """-> the first weight file of the engine's target, its safetensors header overwritten (a torn copy)."""
+    weights = sorted((engine / "target").resolve().glob("*.safetensors"))[0]
+    weights.write_bytes(b"\xff" * 16 + weights.read_bytes()[16:])
+    return weights
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fault", ["garbled weights", "a bad parameter"])
+def test_a_model_that_cannot_load_is_one_line_naming_the_cause(triton_server, tmp_path, fault):
+    """A model-load failure inside Triton reaches the user as dflash-serve's own last line, naming the cause and
+    tritonserver's log, which keeps the traceback; exit code 2 (an error), nothing left running."""
+    from trtllm_dflash.serve.server import has_gpu
+
+    engine = tmp_path / "engine"
+    shutil.copytree(triton_server["engine"], engine)
+    if fault == "garbled weights":
+        cause, extra = f"corrupt safetensors file {garble_weights(engine)}: ", ()
+    else:  # checked where the model loads: only the server knows its device
+        if has_gpu():
+            pytest.skip("cuda-graphs is a valid step mode on a GPU")
+        cause, extra = "step mode cuda-graphs needs a CUDA device, got 'cpu'", ("--step-mode", "cuda-graphs")
+    serve, _, log = start_serve(engine, tmp_path, "--draft-len", "3", *extra)
+    try:
+        code = serve.wait(240)
+    finally:
+        if serve.poll() is None:
+            serve.kill()
+        log.close()
+    lines = (tmp_path / "serve.log").read_text().strip().splitlines()
+    server_log = tmp_path / "repo.log"
+    assert code == 2, lines[-20:]
+    assert lines[-1].startswith(f"dflash-serve: error: the model did not load: {cause}"), lines[-20:]
+    assert lines[-1].endswith(f" (tritonserver's log: {server_log})")
+    assert "Traceback" in server_log.read_text() or "At:" in server_log.read_text()  # the detail stays there
+    leftover = subprocess.run(["pgrep", "-f", "--", f"--model-repository {tmp_path / 'repo'}"], capture_output=True)
+    assert leftover.stdout == b""
+
+
+def test_a_cause_is_read_from_tritons_log_when_the_model_left_none(tmp_path):
+    """A failure before the model's code runs (the backend, importing model.py) leaves only Triton's log line."""
+    from trtllm_dflash.serve.load_failure import load_failure
+
+    line = ('E1202 14:10:00.123456 4242 model_lifecycle.cc:654] "failed to load \'dflash\' version 1: Invalid '
+            'argument: unable to find backend library for backend \'python\'\\n"\n')
+    (tmp_path / "server.log").write_text("I1202 starting\n" + line)
+    assert load_failure(tmp_path / "none", tmp_path / "server.log") == \
+        "'dflash': Invalid argument: unable to find backend library for backend 'python'"
+    assert load_failure(tmp_path / "none", tmp_path / "missing.log") is None

@@ -55,10 +55,12 @@ def build_engine(spec: BuildSpec, command: str) -> Path:
     SIGHUP); an existing output is replaced only with force, and only if it is an engine or empty."""
     plan = plan_build(spec)
     out = plan.final_dir
-    check_output(out, spec.force, is_engine, f"an engine directory (with {MANIFEST})")
+    kind = f"an engine directory (with {MANIFEST})"
+    check_output(out, spec.force, is_engine, kind)
     parent = prepare_parent(out)
     check_free_space(parent, estimate_bytes(plan))
-    with building(out) as tmp:
+    with building(out) as tmp:  # the output's lock held
+        check_output(out, spec.force, is_engine, kind)  # again: a build of the same output may have just finished
         details = write_backend(plan, tmp)
         manifest_for(plan, command, details).write(tmp)
         publish(tmp, out)

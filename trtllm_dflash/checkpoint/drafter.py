@@ -103,7 +103,8 @@ def convert_drafter(source: str | Path, output: str | Path, fmt: str, verifier: 
     config, tensors = config_json(ckpt.layout, ckpt.config, fmt, verifier), ckpt.tensors()
     try:  # only writing is in here: an OSError is about the output
         out.parent.mkdir(parents=True, exist_ok=True)
-        with building(out) as tmp:
+        with building(out) as tmp:  # the output's lock held
+            check_output(out, force, is_drafter, "a DFlash drafter directory (either format)")  # again, under it
             write_drafter(tmp, config, tensors)
             publish(tmp, out)
     except OSError as exc:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from ..serve.openai.limits import DEFAULT_MAX_REQUEST_BYTES, MAX_STOP, MAX_STOP_CHARS
 from ..utils.cli import Parser, run_cli
 from ..utils.errors import DFlashError
 
@@ -16,9 +17,14 @@ def parser() -> Parser:
     p.add_argument("engine_dir", help="an engine directory from dflash-build (torch or trtllm backend)")
     p.add_argument("--model-repo", default="triton_repo", help="where to write the Triton model repository "
                    "(default triton_repo)")
+    p.add_argument("--log-file", metavar="FILE", help="where tritonserver's log is written, besides this terminal "
+                   "(default: <model-repo>.log, e.g. triton_repo.log); a start that fails names it")
     p.add_argument("--model-name", default="dflash", help="the model's name in request URLs (default dflash)")
     p.add_argument("--host", default="127.0.0.1", help="address every port listens on (default 127.0.0.1, this "
                    "machine only; 0.0.0.0 for all interfaces)")
+    p.add_argument("--triton-host", metavar="ADDR", help="address Triton's HTTP, gRPC and metrics ports listen on "
+                   "(default: --host); e.g. --host 0.0.0.0 --triton-host 127.0.0.1 serves the OpenAI API to the "
+                   "network and Triton's unauthenticated ports to this machine only")
     p.add_argument("--http-port", type=int, default=8000, help="Triton HTTP/REST port (default 8000)")
     p.add_argument("--grpc-port", type=int, default=8001, help="Triton gRPC port (default 8001)")
     p.add_argument("--metrics-port", type=int, default=8002, help="Prometheus metrics port (default 8002)")
@@ -27,6 +33,15 @@ def parser() -> Parser:
                    "tritonserver, trtllm engines through TensorRT-LLM's trtllm-serve")
     p.add_argument("--chat-template", metavar="FILE", help="Jinja chat template for /v1/chat/completions "
                    "(default: the tokenizer's)")
+    p.add_argument("--api-key", metavar="KEY", help="OpenAI API: every route but /health answers 401 without the "
+                   "header 'Authorization: Bearer KEY' (default: the DFLASH_API_KEY environment variable, which keeps "
+                   "the key out of `ps`; the frontend gets it in its environment). Triton's own ports take no key: "
+                   "keep them on --triton-host 127.0.0.1")
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, help="OpenAI API: larger "
+                   f"request bodies are refused with 413 before they are read (default {DEFAULT_MAX_REQUEST_BYTES}, "
+                   f"2 MiB). Also refused, with 400 naming the value: prompt + max_tokens over the engine's "
+                   f"max_seq_len less a draft block, n other than 1, more than {MAX_STOP} stop sequences or one over "
+                   f"{MAX_STOP_CHARS} characters, logprobs")
     p.add_argument("--max-batch-size", type=int, help="running batch (default: the engine's)")
     p.add_argument("--max-queue", type=int, default=256, help="waiting requests before 'overloaded' errors "
                    "(default 256)")
@@ -98,9 +113,9 @@ def run(argv: list[str] | None) -> int:
     from ..serve.server import Endpoints, check_ports_free, run_foreground
 
     args = parser().parse_args(argv)
-    ends = Endpoints(args.host, args.http_port, args.grpc_port, args.metrics_port)
+    ends = Endpoints(args.triton_host or args.host, args.http_port, args.grpc_port, args.metrics_port)
     if not (args.repository_only or args.write_only or args.print_launch):
-        check_ports_free(ends, args.openai_port)  # one line now, not a Triton log line after the model loads
+        check_ports_free(ends, args.openai_port, args.host)  # one line now, not a Triton log line after loading
     settings = ServeSettings(args.model_name, args.max_batch_size, args.max_queue,
                              admission_wait_ms=args.admission_wait_ms, **asdict(RuntimeConfig.from_flags(args)))
     repo = Path(args.model_repo).absolute()
@@ -122,6 +137,9 @@ def run(argv: list[str] | None) -> int:
         print_launch(spec, Path(args.print_launch))
         return 0
     if manifest.backend == "trtllm" and frontend is not None:
+        if frontend.api_key is not None:  # tensorrt_llm/commands/serve.py @00209af149e7: no such option
+            raise DFlashError("--api-key: trtllm-serve, the OpenAI API of trtllm engines, takes no API key; put an "
+                              "authenticating reverse proxy in front of it (docs/serving.md)")
         return trtllm_openai(args, manifest, repo)
     if args.write_only:
         return 0
@@ -132,23 +150,34 @@ def run(argv: list[str] | None) -> int:
     install = find_tritonserver(repo.parent / ".dflash-triton")
     print(f"tritonserver: {install.binary} (from the {install.origin}; backends in {install.backend_dir})",
           file=sys.stderr)
-    print("tritonserver starting: loading the model (the next line says when it is ready)", file=sys.stderr,
-          flush=True)
+    log_file = Path(args.log_file).absolute() if args.log_file else repo.with_name(f"{repo.name}.log")
+    print(f"tritonserver starting: loading the model (the next line says when it is ready); log: {log_file}",
+          file=sys.stderr, flush=True)
     ready = f"serving on {ends.http_url} (gRPC :{ends.grpc_port}, metrics {ends.metrics_url}); Ctrl-C stops"
-    return run_foreground(install, repo, ends, frontend, ready)
+    return run_foreground(install, repo, ends, frontend, ready, log_file)
 
 
 def openai_settings(args):
     """The OpenAI frontend's settings (validated before anything starts), or None without --openai-port."""
+    import os
+
+    from ..serve.openai.auth import API_KEY_ENV
+
     if args.openai_port is None:
-        if args.chat_template:
-            raise DFlashError("--chat-template is for the OpenAI API: give --openai-port too")
+        for flag, given in (("--chat-template", args.chat_template), ("--api-key", args.api_key is not None),
+                            ("--max-request-bytes", args.max_request_bytes != DEFAULT_MAX_REQUEST_BYTES)):
+            if given:
+                raise DFlashError(f"{flag} is for the OpenAI API: give --openai-port too")
         return None
     from ..serve.openai.server import FrontendSettings
 
-    triton_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    if args.api_key == "":
+        raise DFlashError("--api-key is empty")
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    host = args.triton_host or args.host
+    triton_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     return FrontendSettings(args.engine_dir, f"{triton_host}:{args.grpc_port}", args.model_name, args.host,
-                            args.openai_port, args.chat_template)
+                            args.openai_port, args.chat_template, args.max_request_bytes, key)
 
 
 def trtllm_openai(args, manifest, repo: Path) -> int:

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.errors import DFlashError
+from .load_failure import LOAD_ERROR_ENV, load_failure
 from .locate import TritonInstall
 from .shutdown import EXIT_TIMEOUT_S, STOP_FILE_ENV, begin_drain, unload_all
 
 STOP_GRACE_S = 30
+LOG_DRAIN_S = 2.0  # the Python backend's stub, still exiting, may hold the log pipe open a little longer
 
 
 @dataclass(frozen=True)
@@ -63,15 +65,22 @@ def server_command(install: TritonInstall, repo: Path, ends: Endpoints) -> list[
 
 @dataclass
 class TritonServer:
-    """A running tritonserver: its process, where it listens, and its private folder (the stop file)."""
+    """A running tritonserver: its process, where it listens, its private folder (the stop file, the model's
+    load error) and the file its log goes to (None: a stream only)."""
 
     proc: subprocess.Popen
     ends: Endpoints
     workdir: Path
+    log_path: Path | None = None
+    forwarder: threading.Thread | None = None  # copies the log (forward_log); ends at the pipe's end
 
     @property
     def stop_file(self) -> Path:
         return self.workdir / "stop"
+
+    @property
+    def load_error_file(self) -> Path:
+        return self.workdir / "load_error"
 
     @property
     def pid(self) -> int:
@@ -80,41 +89,69 @@ class TritonServer:
     def poll(self) -> int | None:
         return self.proc.poll()
 
+    def exit_error(self) -> DFlashError:
+        """The one line of a server that exited before it was ready: the model's cause when one is known."""
+        if self.forwarder is not None:
+            self.forwarder.join(LOG_DRAIN_S)  # the log's last lines, written as the server exited
+        cause = load_failure(self.load_error_file, self.log_path)
+        where = f" (tritonserver's log: {self.log_path})" if self.log_path else ""
+        if cause is None:
+            return DFlashError(f"tritonserver exited with code {self.proc.returncode} before it was ready{where}")
+        return DFlashError(f"the model did not load: {cause}{where}")
 
-def start_server(install: TritonInstall, repo: Path, ends: Endpoints, log=None) -> TritonServer:
-    """Its own process group (a terminal's Ctrl-C reaches dflash-serve, which stops it in order)."""
+
+def start_server(install: TritonInstall, repo: Path, ends: Endpoints, log=None, log_file: Path | None = None
+                 ) -> TritonServer:
+    """Its own process group (a terminal's Ctrl-C reaches dflash-serve, which stops it in order). Its log goes to
+    `log` (a stream; default stderr) and, when given, to `log_file` too."""
+    from .openai.auth import API_KEY_ENV
+
     workdir = Path(tempfile.mkdtemp(prefix="dflash-serve-"))
-    env = {**os.environ, **install.env, STOP_FILE_ENV: str(workdir / "stop")}
-    quiet = not has_gpu()  # its log passes through a filter (CPU_NOISE)
-    proc = subprocess.Popen(server_command(install, repo, ends), env=env,
-                            stdout=subprocess.PIPE if quiet else log, stderr=subprocess.STDOUT if quiet or log else None,
-                            text=quiet or None, errors="replace" if quiet else None, start_new_session=True)
-    if quiet:
-        threading.Thread(target=forward_log, args=(proc.stdout, log or sys.stderr), daemon=True).start()
-    return TritonServer(proc, ends, workdir)
+    env = {**{k: v for k, v in os.environ.items() if k != API_KEY_ENV}, **install.env,  # the key is the frontend's
+           STOP_FILE_ENV: str(workdir / "stop"), LOAD_ERROR_ENV: str(workdir / "load_error")}
+    proc = subprocess.Popen(server_command(install, repo, ends), env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    outs = [log or sys.stderr]
+    if log_file is not None:
+        Path(log_file).parent.mkdir(parents=True, exist_ok=True)
+        outs.append(open(log_file, "w"))
+    forwarder = threading.Thread(target=forward_log, args=(proc.stdout, outs, () if has_gpu() else CPU_NOISE),
+                                 daemon=True)
+    forwarder.start()
+    named = getattr(log, "name", None)  # a log file the caller opened
+    path = log_file or (Path(named) if isinstance(named, str) and Path(named).is_file() else None)
+    return TritonServer(proc, ends, workdir, path, forwarder)
 
 
-def forward_log(lines, out) -> None:
-    """tritonserver's log to `out`, line by line, less the lines it prints on every CPU-only start."""
-    try:
-        for line in lines:
-            if not any(noise in line for noise in CPU_NOISE):
+def forward_log(lines, outs: list, noise: tuple[str, ...]) -> None:
+    """tritonserver's log to every stream of `outs`, line by line, less the lines it prints on every CPU-only start
+    (`noise`); a stream closed by its owner is dropped."""
+    for line in lines:
+        if any(n in line for n in noise):
+            continue
+        for out in list(outs):
+            try:
                 out.write(line)
                 out.flush()
-    except (OSError, ValueError):  # `out` closed by its owner: nothing left to tell
-        pass
+            except (OSError, ValueError):
+                outs.remove(out)
+    for out in outs[1:]:  # the log file this thread opened
+        out.close()
 
 
-def check_ports_free(ends: Endpoints, openai_port: int | None = None) -> None:
+def check_ports_free(ends: Endpoints, openai_port: int | None = None, openai_host: str | None = None) -> None:
     """One line naming a port another process holds, before tritonserver would fail on it much later."""
-    ports = [("--http-port", ends.http_port), ("--grpc-port", ends.grpc_port), ("--metrics-port", ends.metrics_port)]
-    for flag, port in ports + ([("--openai-port", openai_port)] if openai_port is not None else []):
-        with socket.socket(socket.AF_INET6 if ":" in ends.host else socket.AF_INET) as s:
+    ports = [("--http-port", ends.host, ends.http_port), ("--grpc-port", ends.host, ends.grpc_port),
+             ("--metrics-port", ends.host, ends.metrics_port)]
+    if openai_port is not None:
+        ports.append(("--openai-port", openai_host or ends.host, openai_port))
+    for flag, host, port in ports:
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free (to Triton too)
             try:
-                s.bind((ends.host, port))
+                s.bind((host, port))
             except OSError as exc:
-                raise DFlashError(f"{flag} {port} on {ends.host} is not available: {exc.strerror}") from None
+                raise DFlashError(f"{flag} {port} on {host} is not available: {exc.strerror}") from None
 
 
 def wait_ready(server: TritonServer, timeout: float = 300, stopped=lambda: False) -> None:
@@ -122,7 +159,7 @@ def wait_ready(server: TritonServer, timeout: float = 300, stopped=lambda: False
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and not stopped():
         if server.poll() is not None:
-            raise DFlashError(f"tritonserver exited with code {server.proc.returncode} before it was ready")
+            raise server.exit_error()
         try:
             with urllib.request.urlopen(f"{server.ends.http_url}/v2/health/ready", timeout=2) as r:
                 if r.status == 200:
@@ -156,13 +193,14 @@ def stop_process(proc: subprocess.Popen, grace: float) -> int:
     return proc.returncode
 
 
-def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None, ready_line: str = "") -> int:
+def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend=None, ready_line: str = "",
+                   log_file: Path | None = None) -> int:
     """Serve until SIGINT/SIGTERM; -> 0 after a clean shutdown. `ready_line` goes to stderr once Triton answers
     ready (the model loaded its weights and graphs, recorded them and calibrated: triton_model.py), not before,
     with the seconds since start. With `frontend` (FrontendSettings), the OpenAI frontend runs beside
     tritonserver, started once Triton is ready and stopped first (it ends its streams while Triton still
     answers); when either child dies, the other is stopped too."""
-    server = start_server(install, repo, ends)
+    server = start_server(install, repo, ends, log_file=log_file)
     children: list[subprocess.Popen] = []  # the frontend, once started
     stop = {"requested": False}
 
@@ -203,4 +241,5 @@ def start_openai(server: TritonServer, children: list[subprocess.Popen], setting
         return
     children.append(start_frontend(settings))
     wait_frontend(children[-1], settings)
-    print(f"OpenAI API on {settings.url}/v1 (model '{settings.model}')", file=sys.stderr, flush=True)
+    key = ", 'Authorization: Bearer KEY' required" if settings.api_key is not None else ""
+    print(f"OpenAI API on {settings.url}/v1 (model '{settings.model}'{key})", file=sys.stderr, flush=True)

@@ -26,6 +26,7 @@ from ..engine.request import Request
 from ..sample.sampling import SamplingParams
 from ..utils.errors import DFlashError
 from ..utils.threads import set_threads
+from .load_failure import record_load_error
 from .loop import Counters, ServeRequest, ServingLoop
 from .repository import ModelParameters
 from .shutdown import STOP_FILE_ENV
@@ -150,6 +151,13 @@ def startup_line(startup: dict) -> str:
 
 class TritonPythonModel:
     def initialize(self, args):
+        try:
+            self.start(args)
+        except BaseException as exc:  # Triton logs it with a traceback; dflash-serve reports this line
+            record_load_error(exc)
+            raise
+
+    def start(self, args):
         utf8_text_locale()
         config = json.loads(args["model_config"])
         params = ModelParameters.parse({k: v["string_value"] for k, v in config.get("parameters", {}).items()})

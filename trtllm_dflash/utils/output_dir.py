@@ -5,10 +5,13 @@ manifest.json) or an empty directory. The sibling is `.NAME.building-PID-START-X
 on any failure, Ctrl-C, SIGTERM or SIGHUP, and one left by a killed build (SIGKILL) is swept by the
 next build of the same output once its process (PID, started at START) is gone. The finished engine
 gets the user's umask, like any build output (mkdtemp makes 0700 directories, safetensors 0600 files).
+While a build runs it holds a lock beside the output (`.NAME.lock`), so two builds of one output at once
+cannot both write it: the second is refused in one line.
 """
 
 from __future__ import annotations
 
+import fcntl
 import glob
 import os
 import re
@@ -40,16 +43,60 @@ def check_output(out: Path, force: bool, ours: Callable[[Path], bool], kind: str
 
 @contextmanager
 def building(out: Path) -> Iterator[Path]:
-    """-> an empty temporary sibling of `out`; removed unless `publish` renamed it into place."""
-    sweep_stale(out)
-    me = os.getpid()
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{me}-{start_time(me)}-", dir=out.parent))
+    """-> an empty temporary sibling of `out`, the output's lock held; removed unless `publish` renamed it into
+    place. A write that fails (a full disk, an I/O error) is one line, after the sibling is removed."""
+    with output_lock(out):
+        sweep_stale(out)
+        me = os.getpid()
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.building-{me}-{start_time(me)}-", dir=out.parent))
+        try:
+            with signals_raise():
+                yield tmp
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise DFlashError(f"writing {out} failed: {exc.strerror or exc}; nothing was left behind") from None
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+@contextmanager
+def output_lock(out: Path) -> Iterator[None]:
+    """An exclusive flock on `.NAME.lock` beside `out` while it is built: a second build of the same output at the
+    same time is refused at once (the kernel drops the lock however the holder ends, SIGKILL too). The file names
+    its holder's pid and is removed by it; a holder re-checks that the path is still the file it locked."""
+    path = out.parent / f".{out.name}.lock"
+    for _ in range(3):  # the previous holder may remove the file between our open and our lock
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        except OSError as exc:
+            raise DFlashError(f"cannot write under {out.parent}: {exc.strerror or exc}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise DFlashError(f"another dflash-build (pid {holder}) is writing {out}; wait for it or stop it") \
+                from None
+        if same_file(fd, path):
+            break
+        os.close(fd)
+    else:
+        raise DFlashError(f"cannot lock {path}: it keeps being replaced")
     try:
-        with signals_raise():
-            yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        path.unlink(missing_ok=True)  # before the lock is released: a waiter then sees a new file
+        os.close(fd)
+
+
+def same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def publish(tmp: Path, out: Path) -> None:

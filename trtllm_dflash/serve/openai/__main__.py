@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ...utils.cli import run_cli
@@ -19,16 +20,21 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--chat-template", help="Jinja chat template file (default: the tokenizer's)")
+    p.add_argument("--max-request-bytes", type=int, help="larger request bodies are refused with 413")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     def body() -> int:
+        from .auth import API_KEY_ENV
+        from .limits import DEFAULT_MAX_REQUEST_BYTES
         from .server import FrontendSettings, run_frontend
 
         args = parser().parse_args(argv)
+        key = os.environ.get(API_KEY_ENV) or None  # the environment, never a flag: `ps` shows command lines
         return run_frontend(FrontendSettings(args.engine, args.triton_grpc, args.model, args.host, args.port,
-                                             args.chat_template))
+                                             args.chat_template, args.max_request_bytes or DEFAULT_MAX_REQUEST_BYTES,
+                                             key))
 
     return run_cli(PROG, body)
 

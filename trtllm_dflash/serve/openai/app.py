@@ -1,7 +1,8 @@
 """The FastAPI application: /v1/models, /v1/completions, /v1/chat/completions, /health.
 
-Every request is validated before anything reaches Triton (unknown fields and unsupported options
-are 400s in OpenAI's error shape); a streamed response is started only after the model's first
+Every request is authenticated (with --api-key: auth.py) and validated before anything reaches Triton
+(a body over --max-request-bytes is a 413, unknown fields, unsupported options and prompts that do not
+fit the engine are 400s, in OpenAI's error shape); a streamed response is started only after the model's first
 response, so a request the model refuses still gets its proper status code. A client that goes away
 ends its gRPC stream, which cancels the request in the engine.
 """
@@ -18,8 +19,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+from .auth import BearerAuth
 from .backend import BackendError, Piece, TritonBackend
 from .chat import ChatTemplate
+from .limits import DEFAULT_MAX_REQUEST_BYTES, read_body
 from .protocol import ChatRequest, CompletionRequest, Generation, InvalidRequest, parse_body
 from .responses import Final, Shape, error_body
 
@@ -34,27 +37,31 @@ class Frontend:
     chat: ChatTemplate
     max_seq_len: int
     block_size: int
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     backend: TritonBackend | None = None  # made inside the server's event loop (lifespan)
 
-    def generation(self, req, prompt: str, max_tokens: int) -> Generation:
-        """The Triton model takes max_tokens up to max_seq_len (serve/triton_model.py); say so in OpenAI's terms."""
-        if max_tokens > self.max_seq_len:
-            param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
-            raise InvalidRequest(f"'{param}': at most {self.max_seq_len} (this engine's max_seq_len), got {max_tokens}",
-                                 param)
-        return Generation.of(req, prompt, max_tokens)
+    @property
+    def room(self) -> int:
+        """Prompt and output tokens one request may hold: Scheduler.validate keeps block + 1 positions free."""
+        return self.max_seq_len - self.block_size - 1
 
-    def output_budget(self, prompt: str) -> int:
-        """Output tokens a prompt leaves: Generator.validate keeps block + 1 positions free."""
+    def generation(self, req, prompt: str, asked: int | None, prompt_param: str) -> Generation:
+        """The request as the Triton model takes it, refused here (OpenAI's terms, naming the values) when its
+        prompt and output do not fit the engine; `asked` None: as many output tokens as fit. (Tokenized on the
+        event loop: a fast tokenizer shared by threads can fail with "Already borrowed".)"""
         used = len(self.tokenizer.encode(prompt, add_special_tokens=False))
-        budget = self.max_seq_len - self.block_size - 1 - used
-        if budget < 1:
-            raise InvalidRequest(f"the prompt is {used} tokens: no room to generate within this engine's "
-                                 f"max_seq_len {self.max_seq_len}", "messages")
-        return budget
+        room, why = self.room, f"max_seq_len {self.max_seq_len} less {self.block_size + 1} positions for drafting"
+        if used >= room:
+            raise InvalidRequest(f"the prompt is {used} tokens: this engine holds at most {room} tokens of prompt and "
+                                 f"output ({why}), so none are left to generate", prompt_param)
+        if asked is not None and used + asked > room:
+            param = "max_completion_tokens" if getattr(req, "max_completion_tokens", None) else "max_tokens"
+            raise InvalidRequest(f"'{param}': at most {room - used} after this prompt of {used} tokens (this engine "
+                                 f"holds {room} tokens of prompt and output: {why}), got {asked}", param)
+        return Generation.of(req, prompt, asked if asked is not None else room - used)
 
 
-def create_app(frontend: Frontend) -> FastAPI:
+def create_app(frontend: Frontend, api_key: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         frontend.backend = TritonBackend(frontend.triton_url, frontend.model)
@@ -64,6 +71,8 @@ def create_app(frontend: Frontend) -> FastAPI:
             await frontend.backend.close()
 
     app = FastAPI(title="trtllm-dflash OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    if api_key is not None:
+        app.add_middleware(BearerAuth, key=api_key)
     install_error_handlers(app)
     add_routes(app, frontend)
     return app
@@ -101,15 +110,15 @@ def add_routes(app: FastAPI, frontend: Frontend) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = parse_body(CompletionRequest, await request.body(), frontend.model)
-        generation = frontend.generation(body, body.prompt, body.max_tokens)
+        body = parse_body(CompletionRequest, await read_body(request, frontend.max_request_bytes), frontend.model)
+        generation = frontend.generation(body, body.prompt, body.max_tokens, "prompt")
         return await respond(request, frontend, generation, Shape(frontend.model, chat=False), body.include_usage)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = parse_body(ChatRequest, await request.body(), frontend.model)
+        body = parse_body(ChatRequest, await read_body(request, frontend.max_request_bytes), frontend.model)
         prompt = frontend.chat.render([m.as_template_input() for m in body.messages], body.add_generation_prompt)
-        generation = frontend.generation(body, prompt, body.output_limit or frontend.output_budget(prompt))
+        generation = frontend.generation(body, prompt, body.output_limit, "messages")
         return await respond(request, frontend, generation, Shape(frontend.model, chat=True), body.include_usage)
 
 

@@ -15,7 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-MAX_STOP = 4  # OpenAI: up to 4 stop sequences
+from .limits import MAX_STOP, MAX_STOP_CHARS
+
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 
 
@@ -63,6 +64,9 @@ class SamplingRequest(Strict):
             raise ValueError(f"at most {MAX_STOP} stop sequences, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError("a stop sequence is an empty string")
+        longest = max(stops, key=len, default="")
+        if len(longest) > MAX_STOP_CHARS:
+            raise ValueError(f"a stop sequence is at most {MAX_STOP_CHARS} characters, got one of {len(longest)}")
         return value
 
     def unsupported(self) -> dict[str, Any]:
@@ -201,6 +205,8 @@ def parse_body(model: type[SamplingRequest], body: bytes, served_model: str) -> 
         data = json.loads(body)
     except ValueError as exc:
         raise InvalidRequest(f"the body is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise InvalidRequest("the body's JSON nests too deeply") from None
     if not isinstance(data, dict):
         raise InvalidRequest(f"the body must be a JSON object, got {type(data).__name__}")
     try:

@@ -10,10 +10,11 @@ import asyncio
 import errno
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ...utils.errors import DFlashError
+from .limits import DEFAULT_MAX_REQUEST_BYTES
 
 GRACEFUL_S = 5.0  # after SIGTERM, what is still running after this long is cancelled outright
 
@@ -26,10 +27,18 @@ class FrontendSettings:
     host: str = "127.0.0.1"
     port: int = 8003
     chat_template: str | None = None  # a Jinja file overriding the tokenizer's template
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    api_key: str | None = field(default=None, repr=False)  # None: no authentication; never printed
 
     def __post_init__(self):
+        from .auth import check_key
+
         if not 0 < self.port < 65536:
             raise DFlashError(f"--openai-port must be in 1..65535, got {self.port}")
+        if self.max_request_bytes < 1024:
+            raise DFlashError(f"--max-request-bytes must be at least 1024, got {self.max_request_bytes}")
+        if self.api_key is not None:
+            check_key(self.api_key)
         if self.chat_template is not None:
             from .chat import read_template
 
@@ -70,7 +79,7 @@ def load_frontend(settings: FrontendSettings):
         raise DFlashError(f"the engine {engine} ships no tokenizer: the OpenAI API needs one")
     override = read_template(settings.chat_template) if settings.chat_template else None
     return Frontend(settings.model, settings.triton_grpc, tokenizer, ChatTemplate(tokenizer, override),
-                    manifest.limits["max_seq_len"], manifest.block_size)
+                    manifest.limits["max_seq_len"], manifest.block_size, settings.max_request_bytes)
 
 
 def make_server(settings: FrontendSettings, frontend):
@@ -88,7 +97,7 @@ def make_server(settings: FrontendSettings, frontend):
             self.loop = asyncio.get_running_loop()
             await super().serve(sockets)
 
-    config = uvicorn.Config(create_app(frontend), log_level="warning", access_log=False,
+    config = uvicorn.Config(create_app(frontend, settings.api_key), log_level="warning", access_log=False,
                             timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=5)
     server = Server(config)
     server.loop = None
