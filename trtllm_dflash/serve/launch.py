@@ -48,8 +48,11 @@ BACKGROUND = """pids=()
 run_bg() { if [ "${DRY_RUN:-0}" = 1 ]; then echo "$* &"; else "$@" & pids+=("$!"); fi; }
 wait_all() { local failed=0; for pid in "${pids[@]}"; do wait "$pid" || failed=1; done; return "$failed"; }
 """
-CONTAINER = """container=(--container-image="$IMAGE")
-if [ -n "$MOUNTS" ]; then container+=(--container-mounts="$MOUNTS"); fi
+CONTAINER = """container=()  # IMAGE="" runs on the nodes themselves (bare metal): no pyxis flags
+if [ -n "$IMAGE" ]; then
+  container=(--container-image="$IMAGE")
+  if [ -n "$MOUNTS" ]; then container+=(--container-mounts="$MOUNTS"); fi
+fi
 """
 
 
@@ -188,8 +191,9 @@ def engine_param(spec: LaunchSpec) -> str:
 
 
 def params(spec: LaunchSpec, out: Path) -> str:
-    """IMAGE and MOUNTS are parameters: environment variables override the generated defaults."""
-    return (f'IMAGE="${{IMAGE:-{spec.container_image}}}"\n'
+    """IMAGE and MOUNTS are parameters: environment variables override the generated defaults; an empty IMAGE
+    runs without a container."""
+    return (f'IMAGE="${{IMAGE-{spec.container_image}}}"\n'
             f'MOUNTS="${{MOUNTS-{spec.mounts or spec.default_mounts(out)}}}"\n')
 
 
@@ -271,7 +275,7 @@ wait_ready() {  # URL TIMEOUT_S
   until python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/v2/health/ready", timeout=5)' \
         "$1" 2>/dev/null; do
     if [ "$SECONDS" -ge "$deadline" ]; then echo "bench_job.sh: $1 not ready after $2 s" >&2; return 1; fi
-    sleep 10
+    sleep 2
   done
 }
 
