@@ -113,6 +113,22 @@ def test_torch_one_node_and_two_replicas(tmp_path):
         f"--container-mounts={default_mounts(out)} {TORCH_SERVE.format(repo='/tmp/dflash-triton-repo')}"]
 
 
+def test_an_empty_image_runs_on_the_nodes_without_a_container(tmp_path):
+    """IMAGE="" (bare metal, as tests/serve/test_launch_real.py runs them): no pyxis flag in any srun, and the
+    bench job's client runs in the job itself; an unset IMAGE keeps the default image."""
+    out = scripts(tmp_path / "a", "torch", "1x8", 8)
+    assert dry(out / "launch_slurm.sbatch", IMAGE="") == [
+        f"srun --nodes=1 --ntasks-per-node=1 {TORCH_SERVE.format(repo=REPO)}"]
+    out = scripts(tmp_path / "b", "trtllm", "1x8", 8)
+    assert dry(out / "launch_slurm.sbatch", IMAGE="") == [
+        f"srun --nodes=1 --ntasks=1 {REGEN}", f"srun --nodes=1 --ntasks=1 bash {out}/copy_llmapi_model.sh "
+        "/data/repo/dflash/1", f"srun --nodes=1 --ntasks-per-node=8 --mpi=pmix trtllm-llmapi-launch {SERVER}"]
+    bench = dry(out / "bench_job.sh", IMAGE="", SLURM_JOB_ID="7", URLS="http://node7:8000")
+    assert bench[2].startswith("dflash-bench sweep --url http://node7:8000 ")
+    assert dry(out / "launch_slurm.sbatch")[0].startswith("srun --nodes=1 --ntasks=1 "
+                                                          "--container-image=trtllm-dflash:trtllm ")
+
+
 def test_ports_model_name_and_settings_reach_the_commands(tmp_path):
     out = scripts(tmp_path, "torch", "1x2", 2, model_name="qwen", decoding="plain", max_batch_size=32,
                   max_queue=64, http_port=9000, grpc_port=9001, metrics_port=9002)
