@@ -152,8 +152,18 @@ def one_node_cluster(root: Path, gpus: int = 0):
         wait_for(lambda: idle(cluster), 60, "the node is not idle", cluster)
         yield cluster
     finally:
+        if len(procs) == 3:
+            cancel_all(cluster)
         for proc in reversed(procs):
             stop(proc)
+
+
+def cancel_all(cluster: Cluster, timeout: float = 120) -> None:
+    """Cancel every job and wait until none is left running or completing: a job outliving its slurmd would keep
+    its slurmstepd, srun and processes."""
+    cluster.run("scancel", f"--user={os.getuid()}", check=False)
+    wait_for(lambda: not cluster.run("squeue", "-h", check=False).stdout.strip(), timeout, "jobs still running",
+             cluster)
 
 
 def idle(cluster: Cluster) -> bool:

@@ -48,7 +48,10 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(builtin, engine_factory):
-    return {backend: engine_factory.get(*builtin, backend=backend, tp=2) for backend in ("torch", "trtllm")}
+    """TP=2 engines of the test pair; the torch one holds 4 requests at once, so that the server's step-cost
+    calibration (--draft-len auto, cached in the engine by its first start) measures few batch sizes."""
+    return {"torch": engine_factory.get(*builtin, backend="torch", tp=2, max_batch_size=4, max_seq_len=256),
+            "trtllm": engine_factory.get(*builtin, backend="trtllm", tp=2)}
 
 
 def print_launch(engine: Path, root: Path, ports: tuple[int, int, int]) -> Path:
@@ -134,9 +137,11 @@ def test_slurm_serves_a_tp2_torch_engine_and_runs_the_bench_job_beside_it(cluste
                            str(launch / "bench_job.sh"), SERVE_JOB_ID=serve, OUT=str(tmp_path / "bench"), **BENCH,
                            **env)
     state = cluster.wait_state(bench, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}, 900)
-    assert state == "COMPLETED", (tmp_path / "bench.out").read_text()[-3000:] + (tmp_path / "serve.out").read_text()[-3000:]
+    assert state == "COMPLETED", ((tmp_path / "bench.out").read_text()[-3000:]
+                                  + (tmp_path / "serve.out").read_text()[-3000:])
     assert cluster.state(serve) == "RUNNING" and ready(used[0])
-    assert f"http://{cluster.node}:{used[0]}" in (tmp_path / "bench.out").read_text()  # found through squeue
+    manifest = json.loads((tmp_path / "bench" / "runs" / "dflash" / "manifest.json").read_text())
+    assert manifest["metrics_url"] == f"http://{cluster.node}:{used[2]}/metrics"  # the server's node, from squeue
     assert_benchmark_written(tmp_path / "bench")
     cluster.run("scancel", serve)
     cluster.wait_state(serve, {"CANCELLED", ""}, 120)
