@@ -29,12 +29,14 @@ BIN = str(Path(sys.executable).parent)  # dflash-serve, dflash-bench
 BENCH = {"CONCURRENCY": "1,2", "PROMPTS_PER_POINT": "4", "ISL": "16", "OSL": "16", "READY_TIMEOUT": "600"}
 STAND_IN = """#!/usr/bin/env bash
 # Stand-in for TensorRT-LLM's trtllm-llmapi-launch: the rank and world size its launcher gave it, and its command.
-# With RANK0 set, rank 0 runs that script in its place and the other ranks wait, as TensorRT-LLM's MPI workers do.
+# pmix: the PMIx rank (srun --mpi=pmix and Open MPI both start one PMIx world). With RANK0 set, rank 0 runs that
+# script in its place and the other ranks wait until SIGTERM, as TensorRT-LLM's MPI workers wait for rank 0.
 rank=${OMPI_COMM_WORLD_RANK:-${SLURM_PROCID:-}} size=${OMPI_COMM_WORLD_SIZE:-${SLURM_STEP_NUM_TASKS:-}}
 echo "rank=$rank size=${size} pmix=${PMIX_RANK:-none} $*" > "$RANKS_DIR/rank$rank"
 if [ -z "${RANK0:-}" ]; then exit 0; fi
 if [ "$rank" = 0 ]; then exec bash "$RANK0"; fi
-exec sleep 3600
+trap 'exit 0' TERM
+sleep 3600 & wait
 """
 
 
@@ -198,10 +200,10 @@ def test_mpirun_runs_the_single_node_rank_layout_serving_the_torch_engine(engine
         server = (f"/opt/tritonserver/bin/tritonserver --model-repository {repo} --http-port {used[0]} "
                   f"--grpc-port {used[1]} --metrics-port {used[2]}")
         ranks = sorted((tmp_path / "ranks").iterdir())
-        assert [r.read_text().strip() for r in ranks] == [f"rank={i} size=2 pmix=none {server}" for i in range(2)]
+        assert [r.read_text().strip() for r in ranks] == [f"rank={i} size=2 pmix={i} {server}" for i in range(2)]
         assert (repo / "dflash" / "1" / "model.py").read_text() == "# stand-in\n"
     finally:
         proc.send_signal(signal.SIGTERM)  # the script exec'd mpirun: it forwards the signal to its ranks
         code = proc.wait(120)
     assert_nothing_left((engines["torch"], tmp_path), used)
-    print(f"mpirun after SIGTERM: exit code {code}")
+    print(f"mpirun after SIGTERM: exit code {code}\n" + (tmp_path / "mpirun.out").read_text()[-1500:])

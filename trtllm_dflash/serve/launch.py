@@ -30,6 +30,10 @@ REPLICA_REPO = "/tmp/dflash-triton-repo"  # torch replicas: each node writes its
 BENCH_CONCURRENCY = "1,2,4,8,16,32,64,128"
 SAFE = re.compile(r"[A-Za-z0-9_./+:@%=,~-]+")  # what the scripts carry unquoted
 READY_TIMEOUT_S = 1800
+# mpirun's SIGTERM reaches the ranks, then SIGKILL follows odls_base_sigkill_timeout s later: 1 s by default (Open MPI
+# 4.1.4, `ompi_info --param odls all --level 9`), too short for a server to finish its requests and unload. 30 s:
+# Slurm's default KillWait between scancel's SIGTERM and SIGKILL.
+STOP_GRACE_S = 30
 # TensorRT-LLM's Triton llmapi model directory (model.py, helpers.py, ...): relative to the tensorrt_llm
 # package, in the image TensorRT-LLM's `tritonrelease` Docker stage builds, and older NGC layouts.
 LLMAPI_DIRS = (
@@ -227,7 +231,8 @@ def single_node_script(spec: LaunchSpec, out: Path) -> str:
     return (header(spec, f"one server on this node, {spec.tp_size} MPI ranks") + engine_param(spec) +
             f"run {spec.repository_command()}\n"
             f"run bash {out / 'copy_llmapi_model.sh'} {spec.repo / spec.model_name / '1'}\n"
-            f"run_exec mpirun --allow-run-as-root -n {spec.tp_size} trtllm-llmapi-launch {spec.server_args()}\n")
+            f"run_exec mpirun --allow-run-as-root --mca odls_base_sigkill_timeout {STOP_GRACE_S} -n {spec.tp_size} "
+            f"trtllm-llmapi-launch {spec.server_args()}\n")
 
 
 def slurm_script(spec: LaunchSpec, out: Path) -> str:
