@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.serve]
 BIN = str(Path(sys.executable).parent)  # dflash-serve, dflash-bench
 # a few short requests at two loads: enough for a sweep and its report
 BENCH = {"CONCURRENCY": "1,2", "PROMPTS_PER_POINT": "4", "ISL": "16", "OSL": "16", "READY_TIMEOUT": "600"}
+UNLOADED = "successfully unloaded 'dflash'"  # tritonserver's log line when dflash-serve stops it in order
 STAND_IN = """#!/usr/bin/env bash
 # Stand-in for TensorRT-LLM's trtllm-llmapi-launch: the rank and world size its launcher gave it, and its command.
 # pmix: the PMIx rank (srun --mpi=pmix and Open MPI both start one PMIx world). With RANK0 set, rank 0 runs that
@@ -148,6 +149,7 @@ def test_slurm_serves_a_tp2_torch_engine_and_runs_the_bench_job_beside_it(cluste
     cluster.run("scancel", serve)
     cluster.wait_state(serve, {"CANCELLED", ""}, 120)
     assert_nothing_left((engines["torch"], tmp_path), used)
+    assert UNLOADED in (tmp_path / "serve.out").read_text()  # stopped in order, before KillWait's SIGKILL
 
 
 def test_slurm_runs_the_trtllm_script_up_to_trtllm_llmapi_launch(cluster, engines, tmp_path):
@@ -162,7 +164,10 @@ def test_slurm_runs_the_trtllm_script_up_to_trtllm_llmapi_launch(cluster, engine
     (tmp_path / "repo" / "dflash" / "1" / "model.py").unlink(missing_ok=True)
     job = cluster.sbatch(f"--output={tmp_path}/job.out", str(launch / "launch_slurm.sbatch"), **env)
     state = cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 300)
-    assert state == "COMPLETED", (tmp_path / "job.out").read_text()[-3000:]
+    log = (tmp_path / "job.out").read_text()
+    if "can not load PMIx library" in log:  # Slurm's mpi/pmix plugin opens libpmix.so, which libpmix-dev installs
+        pytest.skip("srun --mpi=pmix: Slurm's mpi/pmix plugin cannot load libpmix.so (apt-get install libpmix-dev)")
+    assert state == "COMPLETED", log[-3000:]
     repo = tmp_path / "repo"
     assert (repo / "dflash" / "1" / "model.py").read_text() == (llmapi / "model.py").read_text()
     assert str(engines["trtllm"]) in (repo / "dflash" / "1" / "model.yaml").read_text()
@@ -206,4 +211,5 @@ def test_mpirun_runs_the_single_node_rank_layout_serving_the_torch_engine(engine
         proc.send_signal(signal.SIGTERM)  # the script exec'd mpirun: it forwards the signal to its ranks
         code = proc.wait(120)
     assert_nothing_left((engines["torch"], tmp_path), used)
-    print(f"mpirun after SIGTERM: exit code {code}\n" + (tmp_path / "mpirun.out").read_text()[-1500:])
+    assert UNLOADED in (tmp_path / "mpirun.out").read_text()  # dflash-serve stopped in order, not SIGKILLed
+    print(f"mpirun after SIGTERM: exit code {code}")  # mpirun's own (1 after a SIGTERM)
