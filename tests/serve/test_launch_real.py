@@ -9,6 +9,7 @@ rank layout run for real."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -182,7 +183,7 @@ def test_mpirun_runs_the_single_node_rank_layout_serving_the_torch_engine(engine
     """The trtllm single-node script for real: repository rewrite, llmapi copy, then Open MPI's mpirun -n 2 of the
     stand-in; its rank 0 runs the torch engine's own single-node script (dflash-serve, TP=2) where TensorRT-LLM's
     server would be, rank 1 waits. bench_job.sh sweeps it from this host; SIGTERM to mpirun stops everything."""
-    if subprocess.run(["which", "mpirun"], capture_output=True).returncode:
+    if shutil.which("mpirun") is None:
         pytest.skip("no mpirun here (apt-get install openmpi-bin)")
     used = ports()
     torch_launch = print_launch(engines["torch"], tmp_path / "torch", used)

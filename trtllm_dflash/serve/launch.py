@@ -12,7 +12,8 @@ trtllm servers run `trtllm-llmapi-launch tritonserver` under `mpirun -n T` (one 
 repository with the engine's paths as the container sees them (ENGINE_DIR overrides where the engine
 is, so a moved or remounted engine serves), then TensorRT-LLM's own llmapi model files are copied in
 (`copy_llmapi_model.sh`). torch servers run `dflash-serve`. Every script runs with
-`set -euo pipefail` and prints its commands instead of running them when DRY_RUN=1.
+`set -euo pipefail` and prints its commands instead of running them when DRY_RUN=1; IMAGE="" runs the Slurm
+scripts without a container.
 """
 
 from __future__ import annotations
