@@ -162,7 +162,7 @@ def test_slurm_runs_the_trtllm_script_up_to_trtllm_llmapi_launch(cluster, engine
     llmapi.mkdir()
     (llmapi / "model.py").write_text("# TensorRT-LLM's llmapi model (stand-in)\n")
     env = {**stand_in(tmp_path), "IMAGE": "", "LLMAPI_MODEL_DIR": str(llmapi)}
-    (tmp_path / "repo" / "dflash" / "1" / "model.py").unlink(missing_ok=True)
+    shutil.rmtree(tmp_path / "repo" / "dflash")  # the job's first step writes it again
     job = cluster.sbatch(f"--output={tmp_path}/job.out", str(launch / "launch_slurm.sbatch"), **env)
     state = cluster.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 300)
     log = (tmp_path / "job.out").read_text()
@@ -172,6 +172,7 @@ def test_slurm_runs_the_trtllm_script_up_to_trtllm_llmapi_launch(cluster, engine
     repo = tmp_path / "repo"
     assert (repo / "dflash" / "1" / "model.py").read_text() == (llmapi / "model.py").read_text()
     assert str(engines["trtllm"]) in (repo / "dflash" / "1" / "model.yaml").read_text()
+    assert (repo / "dflash" / "config.pbtxt").is_file()
     server = (f"/opt/tritonserver/bin/tritonserver --model-repository {repo} --http-port {used[0]} "
               f"--grpc-port {used[1]} --metrics-port {used[2]}")
     ranks = sorted((tmp_path / "ranks").iterdir())
