@@ -17,6 +17,7 @@ SERVER = ("/opt/tritonserver/bin/tritonserver --model-repository /data/repo "
 TORCH_SERVE = ("dflash-serve /data/engines/qwen3-8b --model-repo {repo} --model-name dflash --decoding dflash "
                "--max-queue 256 --host 0.0.0.0 --http-port 8000 --grpc-port 8001 --metrics-port 8002")
 PATH = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+MPIRUN = "mpirun --allow-run-as-root --mca odls_base_sigkill_timeout 30"  # 30 s from SIGTERM to SIGKILL
 # trtllm scripts first rewrite the repository where they run, for the engine at $ENGINE_DIR
 REGEN = ("dflash-serve /data/engines/qwen3-8b --model-repo /data/repo --model-name dflash --decoding dflash "
          "--repository-only")
@@ -63,7 +64,7 @@ def test_trtllm_one_node_8_gpus(tmp_path):
     out = scripts(tmp_path, "trtllm", "1x8", 8)
     assert dry(out / "launch_single_node.sh") == [
         REGEN, f"bash {out}/copy_llmapi_model.sh /data/repo/dflash/1",
-        f"mpirun --allow-run-as-root -n 8 trtllm-llmapi-launch {SERVER}"]
+        f"{MPIRUN} -n 8 trtllm-llmapi-launch {SERVER}"]
     assert dry(out / "launch_single_node.sh", ENGINE_DIR="/mnt/moved")[0] == REGEN.replace(str(ENGINE), "/mnt/moved")
     container = f"--container-image=trtllm-dflash:trtllm --container-mounts={default_mounts(out)}"
     assert sbatch_lines(out / "launch_slurm.sbatch") == [
@@ -83,7 +84,7 @@ def test_trtllm_two_nodes_one_tp16_group(tmp_path):
     container = f"--container-image=trtllm-dflash:trtllm --container-mounts={default_mounts(out)}"
     assert dry(out / "launch_slurm.sbatch")[2] == (
         f"srun --nodes=2 --ntasks-per-node=8 --mpi=pmix {container} trtllm-llmapi-launch {SERVER}")
-    assert dry(out / "launch_single_node.sh")[2] == f"mpirun --allow-run-as-root -n 16 trtllm-llmapi-launch {SERVER}"
+    assert dry(out / "launch_single_node.sh")[2] == f"{MPIRUN} -n 16 trtllm-llmapi-launch {SERVER}"
 
 
 def test_trtllm_two_nodes_two_replicas(tmp_path):
@@ -111,6 +112,22 @@ def test_torch_one_node_and_two_replicas(tmp_path):
     assert dry(out / "launch_slurm.sbatch") == [
         f"srun --nodes=2 --ntasks-per-node=1 --container-image=trtllm-dflash:torch "
         f"--container-mounts={default_mounts(out)} {TORCH_SERVE.format(repo='/tmp/dflash-triton-repo')}"]
+
+
+def test_an_empty_image_runs_on_the_nodes_without_a_container(tmp_path):
+    """IMAGE="" (bare metal, as tests/serve/test_launch_real.py runs them): no pyxis flag in any srun, and the
+    bench job's client runs in the job itself; an unset IMAGE keeps the default image."""
+    out = scripts(tmp_path / "a", "torch", "1x8", 8)
+    assert dry(out / "launch_slurm.sbatch", IMAGE="") == [
+        f"srun --nodes=1 --ntasks-per-node=1 {TORCH_SERVE.format(repo=REPO)}"]
+    out = scripts(tmp_path / "b", "trtllm", "1x8", 8)
+    assert dry(out / "launch_slurm.sbatch", IMAGE="") == [
+        f"srun --nodes=1 --ntasks=1 {REGEN}", f"srun --nodes=1 --ntasks=1 bash {out}/copy_llmapi_model.sh "
+        "/data/repo/dflash/1", f"srun --nodes=1 --ntasks-per-node=8 --mpi=pmix trtllm-llmapi-launch {SERVER}"]
+    bench = dry(out / "bench_job.sh", IMAGE="", SLURM_JOB_ID="7", URLS="http://node7:8000")
+    assert bench[2].startswith("dflash-bench sweep --url http://node7:8000 ")
+    assert dry(out / "launch_slurm.sbatch")[0].startswith("srun --nodes=1 --ntasks=1 "
+                                                          "--container-image=trtllm-dflash:trtllm ")
 
 
 def test_ports_model_name_and_settings_reach_the_commands(tmp_path):
@@ -350,7 +367,7 @@ def test_print_launch_trtllm_group_across_nodes(engines, tmp_path, capsys):
         f"srun --nodes=1 --ntasks=1 {container} {regen}",
         f"srun --nodes=1 --ntasks=1 {container} bash {launch}/copy_llmapi_model.sh {repo}/dflash/1",
         f"srun --nodes=2 --ntasks-per-node=1 --mpi=pmix {container} trtllm-llmapi-launch {server}"]
-    assert dry(launch / "launch_single_node.sh")[2] == f"mpirun --allow-run-as-root -n 2 trtllm-llmapi-launch {server}"
+    assert dry(launch / "launch_single_node.sh")[2] == f"{MPIRUN} -n 2 trtllm-llmapi-launch {server}"
 
 
 def test_trtllm_repository_carries_scripts_for_nodes(engines, tmp_path, capsys):
@@ -363,7 +380,7 @@ def test_trtllm_repository_carries_scripts_for_nodes(engines, tmp_path, capsys):
     assert dry(repo / "launch_single_node.sh") == [
         f"dflash-serve {engines['trtllm']} --model-repo {repo} --model-name dflash --decoding dflash --repository-only",
         f"bash {repo}/copy_llmapi_model.sh {repo}/dflash/1",
-        f"mpirun --allow-run-as-root -n 2 trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver "
+        f"{MPIRUN} -n 2 trtllm-llmapi-launch /opt/tritonserver/bin/tritonserver "
         f"--model-repository {repo} --http-port 8000 --grpc-port 8001 --metrics-port 8002"]
 
 

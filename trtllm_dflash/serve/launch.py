@@ -12,7 +12,8 @@ trtllm servers run `trtllm-llmapi-launch tritonserver` under `mpirun -n T` (one 
 repository with the engine's paths as the container sees them (ENGINE_DIR overrides where the engine
 is, so a moved or remounted engine serves), then TensorRT-LLM's own llmapi model files are copied in
 (`copy_llmapi_model.sh`). torch servers run `dflash-serve`. Every script runs with
-`set -euo pipefail` and prints its commands instead of running them when DRY_RUN=1.
+`set -euo pipefail` and prints its commands instead of running them when DRY_RUN=1; IMAGE="" runs the Slurm
+scripts without a container.
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ REPLICA_REPO = "/tmp/dflash-triton-repo"  # torch replicas: each node writes its
 BENCH_CONCURRENCY = "1,2,4,8,16,32,64,128"
 SAFE = re.compile(r"[A-Za-z0-9_./+:@%=,~-]+")  # what the scripts carry unquoted
 READY_TIMEOUT_S = 1800
+# mpirun's SIGTERM reaches the ranks, then SIGKILL follows odls_base_sigkill_timeout s later: 1 s by default (Open MPI
+# 4.1.4, `ompi_info --param odls all --level 9`), too short for a server to finish its requests and unload. 30 s:
+# Slurm's default KillWait between scancel's SIGTERM and SIGKILL.
+STOP_GRACE_S = 30
 # TensorRT-LLM's Triton llmapi model directory (model.py, helpers.py, ...): relative to the tensorrt_llm
 # package, in the image TensorRT-LLM's `tritonrelease` Docker stage builds, and older NGC layouts.
 LLMAPI_DIRS = (
@@ -48,8 +53,11 @@ BACKGROUND = """pids=()
 run_bg() { if [ "${DRY_RUN:-0}" = 1 ]; then echo "$* &"; else "$@" & pids+=("$!"); fi; }
 wait_all() { local failed=0; for pid in "${pids[@]}"; do wait "$pid" || failed=1; done; return "$failed"; }
 """
-CONTAINER = """container=(--container-image="$IMAGE")
-if [ -n "$MOUNTS" ]; then container+=(--container-mounts="$MOUNTS"); fi
+CONTAINER = """container=()  # IMAGE="" runs on the nodes themselves (bare metal): no pyxis flags
+if [ -n "$IMAGE" ]; then
+  container=(--container-image="$IMAGE")
+  if [ -n "$MOUNTS" ]; then container+=(--container-mounts="$MOUNTS"); fi
+fi
 """
 
 
@@ -188,8 +196,9 @@ def engine_param(spec: LaunchSpec) -> str:
 
 
 def params(spec: LaunchSpec, out: Path) -> str:
-    """IMAGE and MOUNTS are parameters: environment variables override the generated defaults."""
-    return (f'IMAGE="${{IMAGE:-{spec.container_image}}}"\n'
+    """IMAGE and MOUNTS are parameters: environment variables override the generated defaults; an empty IMAGE
+    runs without a container."""
+    return (f'IMAGE="${{IMAGE-{spec.container_image}}}"\n'
             f'MOUNTS="${{MOUNTS-{spec.mounts or spec.default_mounts(out)}}}"\n')
 
 
@@ -223,7 +232,8 @@ def single_node_script(spec: LaunchSpec, out: Path) -> str:
     return (header(spec, f"one server on this node, {spec.tp_size} MPI ranks") + engine_param(spec) +
             f"run {spec.repository_command()}\n"
             f"run bash {out / 'copy_llmapi_model.sh'} {spec.repo / spec.model_name / '1'}\n"
-            f"run_exec mpirun --allow-run-as-root -n {spec.tp_size} trtllm-llmapi-launch {spec.server_args()}\n")
+            f"run_exec mpirun --allow-run-as-root --mca odls_base_sigkill_timeout {STOP_GRACE_S} -n {spec.tp_size} "
+            f"trtllm-llmapi-launch {spec.server_args()}\n")
 
 
 def slurm_script(spec: LaunchSpec, out: Path) -> str:
@@ -271,7 +281,7 @@ wait_ready() {  # URL TIMEOUT_S
   until python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1] + "/v2/health/ready", timeout=5)' \
         "$1" 2>/dev/null; do
     if [ "$SECONDS" -ge "$deadline" ]; then echo "bench_job.sh: $1 not ready after $2 s" >&2; return 1; fi
-    sleep 10
+    sleep 2
   done
 }
 
