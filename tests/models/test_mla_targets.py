@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from helpers.scripted import ScriptedProposer, scripted_results
 from helpers.tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter
 from safetensors.torch import load_file, save_file
 from trtllm_dflash.checkpoint.loader import load_target
@@ -195,6 +196,14 @@ def test_fp8_block_scaled_checkpoint_loads_dequantized(target, tmp_path):
                                                      torch.arange(1), torch.tensor([seq.shape[1]])))
         torch.testing.assert_close(ours.logits(hidden), theirs(seq).logits, atol=ATOL, rtol=0)
     assert any(not torch.equal(plain[k], tensors[k]) for k in plain if k.endswith("kv_b_proj.weight"))
+
+
+def test_every_acceptance_length_stays_exact(target):
+    """Drafts right up to a per-row, per-step offset (the oracle's own greedy continuation, then wrong): each step
+    accepts exactly the drafts that continuation implies, rows accepting different lengths in one step."""
+    hf, path, expected = target
+    results = scripted_results(path, expected, PROMPTS, N)
+    assert len({a for r in results for a in r.acceptance_lengths}) == ScriptedProposer.max_block_size
 
 
 @pytest.mark.slow  # two rank processes
