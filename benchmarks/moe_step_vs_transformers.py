@@ -2,9 +2,10 @@
 same shapes.
 
     python benchmarks/moe_step_vs_transformers.py [--threads 1] [--repeats 5] [--batch 8]
-        [--families gpt_oss,qwen3_moe,gemma4,gemma4_moe,deepseek_v4] [--output results/....json]
+        [--families gpt_oss,qwen3_moe,gemma4,gemma4_moe,deepseek_v4,minimax_m2,laguna,deepseek_v3]
+        [--output results/....json]
 
-For each family (gpt-oss, Qwen3-MoE, Gemma 4 dense and MoE, DeepSeek-V4) a random transformers model of one fixed shape
+For each family (gpt-oss, Qwen3-MoE, Gemma 4 dense and MoE, DeepSeek-V4, MiniMax-M2, Laguna, DeepSeek-V3) a random transformers model of one fixed shape
 (below) is saved and loaded by both sides in float32. One measurement: batch-8 greedy plain decoding of
 `--new-tokens` tokens after `--prompt-len`-token prompts (longer than the sliding window), timing
 only the decode steps after the prefill:
@@ -51,6 +52,18 @@ DEEPSEEK_V4 = dict(num_key_value_heads=1, head_dim=64, q_lora_rank=64, partial_r
                    compress_rates={"compressed_sparse_attention": 4, "heavily_compressed_attention": 32},
                    layer_types=["heavily_compressed_attention", "compressed_sparse_attention"] * 2,
                    mlp_layer_types=["hash_moe", "moe", "moe", "moe"])
+# MiniMax-M2: full-width QK-norm, half of head_dim rotated, experts in every layer (intermediate_size is an expert's)
+MINIMAX_M2 = dict(intermediate_size=256, num_local_experts=16, num_experts_per_tok=4, rotary_dim=16)
+# Laguna: per-layer heads, softplus output gates, a 64-token window on two layers, a dense first layer
+LAGUNA = dict(intermediate_size=512, num_attention_heads_per_layer=[8, 16, 8, 8],
+              layer_types=["full_attention", "sliding_attention"] * 2, sliding_window=64, num_experts=16,
+              num_experts_per_tok=4, moe_intermediate_size=256, shared_expert_intermediate_size=256)
+# DeepSeek-V3: multi-head latent attention (q and kv low-rank, 16 rope channels), one dense layer, 16 experts in 4
+# groups keeping 2, a shared expert (K/V heads as many as query heads, as its eager path needs; head_dim is the
+# rope dim, as DeepseekV3Config.__post_init__ sets it)
+DEEPSEEK_V3 = dict(num_key_value_heads=8, head_dim=16, intermediate_size=512, moe_intermediate_size=256, n_routed_experts=16,
+                   num_experts_per_tok=4, n_group=4, topk_group=2, kv_lora_rank=64, q_lora_rank=96,
+                   qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, first_k_dense_replace=1)
 SHAPES = {  # family -> (model_type, shape beside COMMON)
     "gpt_oss": ("gpt_oss", dict(intermediate_size=256, num_local_experts=16, num_experts_per_tok=4, sliding_window=64)),
     "qwen3_moe": ("qwen3_moe", dict(intermediate_size=512, moe_intermediate_size=256, num_experts=16,
@@ -59,6 +72,9 @@ SHAPES = {  # family -> (model_type, shape beside COMMON)
     "gemma4_moe": ("gemma4_text", dict(GEMMA4, enable_moe_block=True, num_experts=16, top_k_experts=4,
                                        moe_intermediate_size=256)),
     "deepseek_v4": ("deepseek_v4", DEEPSEEK_V4),
+    "minimax_m2": ("minimax_m2", MINIMAX_M2),
+    "laguna": ("laguna", LAGUNA),
+    "deepseek_v3": ("deepseek_v3", DEEPSEEK_V3),
 }
 
 

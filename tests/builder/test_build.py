@@ -464,7 +464,7 @@ def in_mount(tmp_path: Path, options: str, script: str) -> subprocess.CompletedP
 
     if shutil.which("unshare") is None:
         pytest.skip("no unshare")
-    (tmp_path / "mnt").mkdir()
+    (tmp_path / "mnt").mkdir(exist_ok=True)
     probe = subprocess.run(["unshare", "-rm", "mount", "-t", "tmpfs", "tmpfs", str(tmp_path / "mnt")],
                            capture_output=True, text=True)
     if probe.returncode:
@@ -491,11 +491,15 @@ def test_read_only_parent_and_full_disk_are_one_line_and_keep_the_users_engine(p
     assert ro.stdout.split() == ["rc=2"]
     small = in_mount(tmp_path, "size=64k", f"{build_cmd('engine')}; echo rc=$?; ls -A")
     assert "dflash-build: error: not enough free disk space under" in small.stderr and small.stdout.split() == ["rc=2"]
-    full = in_mount(tmp_path, f"size=256m,nr_inodes={ENGINE_INODES}",
-                    f"{build_cmd('engine')} && {build_cmd('engine', '--force')}; echo rc=$?; ls -A; "
+    assert build("--target", target, "--drafter", drafter, "--output", tmp_path / "ref") == 0
+    inodes = 1 + sum(1 for _ in (tmp_path / "ref").rglob("*"))  # the engine's files and folders, itself too
+    # the mount's root, one engine, and half of another's (its lock file included): the second runs out mid-write
+    full = in_mount(tmp_path, f"size=256m,nr_inodes={1 + inodes + inodes // 2}",
+                    f"{build_cmd('engine')} && {build_cmd('engine', '--force')}; echo rc=$?; echo left: $(ls -A); "
                     f"{sys.executable} -m trtllm_dflash.cli.build verify engine")
     assert full.stderr.strip().splitlines()[-1] == (f"dflash-build: error: writing {tmp_path / 'mnt' / 'engine'} "
                                                    "failed: No space left on device; nothing was left behind"), \
         full.stderr
-    assert full.stdout.split()[:2] == ["rc=2", "engine"]  # the first engine, alone: no sibling, no lock left
+    lines = full.stdout.splitlines()
+    assert "rc=2" in lines and "left: engine" in lines  # the first engine, alone: no sibling, no lock left
     assert full.stdout.strip().endswith("engine OK")

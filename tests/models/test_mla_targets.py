@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from helpers.scripted import ScriptedProposer, scripted_results
 from helpers.tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter
 from safetensors.torch import load_file, save_file
 from trtllm_dflash.checkpoint.loader import load_target
@@ -147,6 +148,62 @@ def test_dflash_greedy_equals_transformers(target, drafter):
     lengths = (6, N, N)
     results = gen.generate([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)], BLOCK)
     assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
+
+
+def quantize(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [O, I] -> float8_e4m3fn weight and the fp32 scale of each block x block tile (its max / 448)."""
+    rows, cols = -(-w.shape[0] // block), -(-w.shape[1] // block)
+    scale = torch.zeros(rows, cols)
+    q = torch.empty(w.shape, dtype=torch.float8_e4m3fn)
+    for r in range(rows):
+        for c in range(cols):
+            tile = (slice(r * block, (r + 1) * block), slice(c * block, (c + 1) * block))
+            scale[r, c] = w[tile].abs().max().clamp(min=1e-12) / 448.0
+            q[tile] = (w[tile] / scale[r, c]).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def test_fp8_block_scaled_checkpoint_loads_dequantized(target, tmp_path):
+    """As DeepSeek-V3 publishes: projections and experts float8_e4m3fn with `weight_scale_inv` per 4 x 4 block
+    (partial blocks at the edges), an MTP layer at index num_hidden_layers: the model loads each weight as fp8 x its
+    block's scale, drops the MTP layer, and its logits equal transformers' on that dequantized checkpoint."""
+    import transformers as tf
+
+    hf, path, _ = target
+    if hf.config.model_type != "deepseek_v3":
+        pytest.skip("DeepSeek-V3 publishes FP8 weights")
+    tensors = load_file(str(path / "model.safetensors"))
+    fp8, plain = {}, {}
+    for name, t in tensors.items():
+        if name.endswith("proj.weight") and t.dim() == 2:
+            q, s = quantize(t, 4)
+            fp8[name], fp8[name + "_scale_inv"] = q, s
+            plain[name] = q.float() * s.repeat_interleave(4, 0)[:t.shape[0]].repeat_interleave(4, 1)[:, :t.shape[1]]
+        else:
+            fp8[name] = plain[name] = t
+    mtp = {"model.layers.4.self_attn.kv_b_proj.weight": torch.zeros(32, 16)}
+    config = json.loads((path / "config.json").read_text())
+    quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [4, 4]}
+    for d, weights, extra in (("fp8", {**fp8, **mtp}, {"quantization_config": quant}), ("plain", plain, {})):
+        (tmp_path / d).mkdir()
+        save_file(weights, str(tmp_path / d / "model.safetensors"))
+        (tmp_path / d / "config.json").write_text(json.dumps({**config, **extra}))
+    ours = load_target(tmp_path / "fp8").model
+    theirs = tf.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "plain", attn_implementation="eager").eval()
+    seq = torch.tensor([PROMPTS[2]])
+    with torch.no_grad():
+        hidden, _ = ours(seq, ForwardContext.prefill(torch.arange(seq.shape[1])[None], ours.new_cache(1, 32),
+                                                     torch.arange(1), torch.tensor([seq.shape[1]])))
+        torch.testing.assert_close(ours.logits(hidden), theirs(seq).logits, atol=ATOL, rtol=0)
+    assert any(not torch.equal(plain[k], tensors[k]) for k in plain if k.endswith("kv_b_proj.weight"))
+
+
+def test_every_acceptance_length_stays_exact(target):
+    """Drafts right up to a per-row, per-step offset (the oracle's own greedy continuation, then wrong): each step
+    accepts exactly the drafts that continuation implies, rows accepting different lengths in one step."""
+    hf, path, expected = target
+    results = scripted_results(path, expected, PROMPTS, N)
+    assert len({a for r in results for a in r.acceptance_lengths}) == ScriptedProposer.max_block_size
 
 
 @pytest.mark.slow  # two rank processes

@@ -13,6 +13,7 @@ import json
 
 import pytest
 import torch
+from helpers.scripted import ScriptedProposer, scripted_results
 from helpers.tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter
 from safetensors.torch import load_file
 from trtllm_dflash.checkpoint.loader import load_target
@@ -145,6 +146,14 @@ def test_dflash_greedy_equals_transformers(target, drafter):
     lengths = (6, N, N)
     results = gen.generate([Request(tuple(p), n, ignore_eos=True) for p, n in zip(PROMPTS, lengths)], BLOCK)
     assert [r.output_ids for r in results] == [e[:n] for e, n in zip(expected, lengths)]
+
+
+def test_every_acceptance_length_stays_exact(target):
+    """Drafts right up to a per-row, per-step offset (the oracle's own greedy continuation, then wrong): each step
+    accepts exactly the drafts that continuation implies, rows accepting different lengths in one step."""
+    hf, path, expected = target
+    results = scripted_results(path, expected, PROMPTS, N)
+    assert len({a for r in results for a in r.acceptance_lengths}) == ScriptedProposer.max_block_size
 
 
 @pytest.mark.slow  # two rank processes

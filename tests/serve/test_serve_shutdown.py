@@ -164,12 +164,27 @@ def test_a_model_that_cannot_load_is_one_line_naming_the_cause(triton_server, tm
 
 
 def test_a_cause_is_read_from_tritons_log_when_the_model_left_none(tmp_path):
-    """A failure before the model's code runs (the backend, importing model.py) leaves only Triton's log line."""
-    from trtllm_dflash.serve.load_failure import load_failure
+    """A failure our model code does not see (here a model of no dflash code; also a missing backend, a bad
+    config.pbtxt) is read from Triton's own `failed to load` log line: one line, the server's log named."""
+    from trtllm_dflash.serve.locate import find_tritonserver
+    from trtllm_dflash.serve.server import Endpoints, start_server, stop_server, wait_ready
+    from trtllm_dflash.utils.errors import DFlashError
 
-    line = ('E1202 14:10:00.123456 4242 model_lifecycle.cc:654] "failed to load \'dflash\' version 1: Invalid '
-            'argument: unable to find backend library for backend \'python\'\\n"\n')
-    (tmp_path / "server.log").write_text("I1202 starting\n" + line)
-    assert load_failure(tmp_path / "none", tmp_path / "server.log") == \
-        "'dflash': Invalid argument: unable to find backend library for backend 'python'"
-    assert load_failure(tmp_path / "none", tmp_path / "missing.log") is None
+    model = tmp_path / "repo" / "broken"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('name: "broken"\nbackend: "python"\nmax_batch_size: 0\n'
+                                        'input { name: "x" data_type: TYPE_FP32 dims: [1] }\n'
+                                        'output { name: "y" data_type: TYPE_FP32 dims: [1] }\n')
+    (model / "1" / "model.py").write_text("class TritonPythonModel:\n    def initialize(self, args):\n"
+                                          "        raise ValueError('no weights here')\n")
+    ends = Endpoints("127.0.0.1", free_port(), free_port(), free_port())
+    with open(os.devnull, "w") as quiet:
+        server = start_server(find_tritonserver(tmp_path / "triton"), tmp_path / "repo", ends, quiet,
+                              tmp_path / "server.log")
+        try:
+            with pytest.raises(DFlashError) as err:
+                wait_ready(server, timeout=120)
+        finally:
+            stop_server(server, grace=5)
+    assert str(err.value) == ("the model did not load: 'broken': Internal: ValueError: no weights here "
+                              f"(tritonserver's log: {tmp_path / 'server.log'})")

@@ -12,6 +12,7 @@ from helpers.dflash2 import (SLIDING, library_blocks, library_dflash2, reference
                              zlab_dflash2_config)
 from helpers.distribution import PROMPT, SAMPLES, V, chi_square_rejects, exact_distribution, sample
 from helpers.oracle import hf_greedy
+from helpers.scripted import Scripted
 from helpers.tiny_models import hf_config, make_hf_target
 from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
@@ -73,12 +74,17 @@ def test_proposals_are_the_library_walk_and_output_is_the_targets(pair):
 
 
 def test_batched_greedy_output_is_the_targets(pair):
+    """Three rows of different lengths, whole blocks, then draft lengths that change every step (plain steps too)."""
     hf, target_dir, drafter_dir = pair
     pipe = load_pipeline(target_dir, drafter_dir)
     prompts = PROMPTS + [[3, 4, 5]]
-    results = pipe.generator.generate([Request(tuple(p), N, ignore_eos=True) for p in prompts])
-    for prompt, result in zip(prompts, results):
-        assert result.output_ids == hf_greedy(hf, prompt, N)
+    expected = [hf_greedy(hf, p, N) for p in prompts]
+    for policy in (None, Scripted([3, 0, 7, 1, 0, 0, 5])):
+        if policy is not None:
+            pipe.generator.policy = policy
+        results = pipe.generator.generate([Request(tuple(p), N, ignore_eos=True) for p in prompts])
+        assert [r.output_ids for r in results] == expected
+    assert {k for r in results for k in r.draft_lengths} == {0, 1, 3, 5, 7}
 
 
 @pytest.fixture(scope="module")

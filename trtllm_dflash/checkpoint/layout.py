@@ -55,7 +55,8 @@ def target_tensors(cfg: TargetConfig, tensors: dict[str, torch.Tensor], source: 
                    ) -> dict[str, torch.Tensor]:
     """A checkpoint's tensors under the target model's names, as its family's layout maps them; tied LM
     head dropped."""
-    if cfg.quant_method not in RUNTIME_QUANT_METHODS and not (cfg.deepseek_v4 and cfg.quant_method == "fp8"):
+    block_fp8 = (cfg.deepseek_v4 or cfg.deepseek_v3) and cfg.quant_method == "fp8"  # dequantized at load
+    if cfg.quant_method not in RUNTIME_QUANT_METHODS and not block_fp8:
         raise DFlashError(f"{source}: the torch runtime loads unquantized or MXFP4 checkpoints, this one is quantized "
                           f"with {cfg.quant_method!r} (serve it with --backend trtllm)")
     family = family_of(cfg.model_type)

@@ -36,11 +36,11 @@ from .minimax_m2 import config as minimax_m2_config
 # Qwen3.5 / Qwen3-Next (transformers 5.23 models/qwen3_next/modeling_qwen3_next.py, models/qwen3_5/modular_qwen3_5.py)
 _HYBRID = dict(qk_norm=True, layout=no_sliding, hybrid=True, partial_rotary=True, checkpoint="qwen3_5")
 # Gemma 4 (models/gemma4/): text-only, and the multimodal checkpoint's text_config
+_GEMMA4 = dict(qk_norm=True, layout=gemma4_config.layout, defaults=gemma4_config.TEXT_DEFAULTS,
+               moe=gemma4_config.moe_config, own=gemma4_config.own_fields, model=gemma4.build, checkpoint="gemma4")
 # DeepSeek-V3 (models/deepseek_v3/): text-only, and Kimi-K2.5's text_config
 _DEEPSEEK_V3 = dict(qk_norm=False, layout=deepseek_v3_config.layout, moe=deepseek_v3_config.moe_config,
                     own=deepseek_v3_config.own_fields, model=deepseek_v3.build, checkpoint="deepseek_v3")
-_GEMMA4 = dict(qk_norm=True, layout=gemma4_config.layout, defaults=gemma4_config.TEXT_DEFAULTS,
-               moe=gemma4_config.moe_config, own=gemma4_config.own_fields, model=gemma4.build, checkpoint="gemma4")
 
 FAMILIES = {
     "qwen3": Family("Qwen3ForCausalLM", qk_norm=True, layout=qwen3_layout, drafter_layout=qwen3_layout),
@@ -62,6 +62,7 @@ FAMILIES = {
                           defaults=deepseek_v4_config.DEFAULTS, fill=deepseek_v4_config.fill, partial_rotary=True,
                           moe=deepseek_v4_config.moe_config, own=deepseek_v4_config.own_fields,
                           model=deepseek_v4.build, checkpoint="deepseek_v4"),
+    # qk_norm False: MiniMax-M2's q/k norms span the whole projection, its folder's attention has them
     "minimax_m2": Family("MiniMaxM2ForCausalLM", qk_norm=False, layout=no_sliding, defaults=minimax_m2_config.DEFAULTS,
                          fill=minimax_m2_config.fill, partial_rotary=True, moe=minimax_m2_config.moe_config,
                          own=minimax_m2_config.own_fields, model=minimax_m2.build, checkpoint="minimax_m2"),

@@ -111,32 +111,34 @@ def start_server(install: TritonInstall, repo: Path, ends: Endpoints, log=None, 
            STOP_FILE_ENV: str(workdir / "stop"), LOAD_ERROR_ENV: str(workdir / "load_error")}
     proc = subprocess.Popen(server_command(install, repo, ends), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-    outs = [log or sys.stderr]
+    opened = []
     if log_file is not None:
         Path(log_file).parent.mkdir(parents=True, exist_ok=True)
-        outs.append(open(log_file, "w"))
-    forwarder = threading.Thread(target=forward_log, args=(proc.stdout, outs, () if has_gpu() else CPU_NOISE),
-                                 daemon=True)
+        opened.append(open(log_file, "w"))
+    forwarder = threading.Thread(target=forward_log, args=(proc.stdout, [log or sys.stderr, *opened],
+                                                           () if has_gpu() else CPU_NOISE, opened), daemon=True)
     forwarder.start()
     named = getattr(log, "name", None)  # a log file the caller opened
     path = log_file or (Path(named) if isinstance(named, str) and Path(named).is_file() else None)
     return TritonServer(proc, ends, workdir, path, forwarder)
 
 
-def forward_log(lines, outs: list, noise: tuple[str, ...]) -> None:
+def forward_log(lines, outs: list, noise: tuple[str, ...], opened: list) -> None:
     """tritonserver's log to every stream of `outs`, line by line, less the lines it prints on every CPU-only start
-    (`noise`); a stream closed by its owner is dropped."""
-    for line in lines:
-        if any(n in line for n in noise):
-            continue
-        for out in list(outs):
-            try:
-                out.write(line)
-                out.flush()
-            except (OSError, ValueError):
-                outs.remove(out)
-    for out in outs[1:]:  # the log file this thread opened
-        out.close()
+    (`noise`); a stream closed by its owner is dropped, the files in `opened` are closed at the log's end."""
+    try:
+        for line in lines:
+            if any(n in line for n in noise):
+                continue
+            for out in list(outs):
+                try:
+                    out.write(line)
+                    out.flush()
+                except (OSError, ValueError):  # closed by its owner: nothing left to tell it
+                    outs.remove(out)
+    finally:
+        for out in opened:
+            out.close()
 
 
 def check_ports_free(ends: Endpoints, openai_port: int | None = None, openai_host: str | None = None) -> None:

@@ -9,7 +9,8 @@ in memory; conversion_mapping.py "kimi_k25"), beside its vision tower and projec
 transformers 5.24's `save_pretrained` writes the language model's layers as `language_model.model.blocks.*` (its
 vision tower's `blocks` -> `layers` rule, reversed on every name), read back as layers here as transformers does; its
 writer also renames a plain `self_attn.q_proj` (q_lora_rank null) as a vision `wqkv`, which is not read.
-checkpoint/layout.py stacks the experts.
+FP8 block-scaled weights (DeepSeek-V3's published `<w>.weight` float8_e4m3fn with `<w>.weight_scale_inv`) are
+dequantized at load as DeepSeek-V4's are (models/deepseek_v4/checkpoint.py). checkpoint/layout.py stacks the experts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from __future__ import annotations
 import re
 
 import torch
+
+from ..deepseek_v4.checkpoint import dequantize_fp8
 
 RENAMES = [
     (re.compile(r"^language_model\.model\.blocks\."), "model.layers."),  # transformers' writer: see the docstring
@@ -31,6 +34,8 @@ LANGUAGE_MODEL = ("model.embed_tokens.", "model.layers.", "model.norm.", "lm_hea
 
 
 def deepseek_v3_names(cfg, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    if cfg.quant_method == "fp8":
+        tensors = dequantize_fp8(tensors, cfg.deepseek_v3.fp8_block)
     out = {}
     for name, t in tensors.items():
         for pattern, target in RENAMES:

@@ -18,6 +18,7 @@ from typing import Any
 from ...config.moe import MoeConfig, number, positive_int, top_k
 from ...config.rope import rope_params
 from ...utils.errors import DFlashError
+from ..deepseek_v4.config import fp8_block
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class DeepseekV3Config:
     v_head_dim: int
     rope_interleave: bool  # RoPE over channel pairs (0, 1), (2, 3), ... (DeepSeek's layout)
     softmax_scale: float
+    fp8_block: tuple[int, int] = (128, 128)  # quantization_config.weight_block_size of an FP8 checkpoint
 
     @property
     def qk_head_dim(self) -> int:
@@ -89,7 +91,8 @@ def deepseek_v3_config(data: dict[str, Any], base: dict[str, Any], source: str) 
                            qk_nope_head_dim=positive_int(data, source, "qk_nope_head_dim"),
                            qk_rope_head_dim=rope_dim, v_head_dim=positive_int(data, source, "v_head_dim"),
                            rope_interleave=bool(data.get("rope_interleave", True)), softmax_scale=0.0)
-    return DeepseekV3Config(**{**cfg.__dict__, "softmax_scale": softmax_scale(data, cfg.qk_head_dim)})
+    return DeepseekV3Config(**{**cfg.__dict__, "softmax_scale": softmax_scale(data, cfg.qk_head_dim),
+                               "fp8_block": fp8_block(data, source)})
 
 
 def softmax_scale(data: dict[str, Any], qk_head_dim: int) -> float:

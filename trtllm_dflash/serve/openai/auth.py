@@ -27,7 +27,7 @@ def check_key(key: str) -> str:
     """The key as given, or one line saying why it cannot be one (never the key itself)."""
     if not KEY_CHARS.fullmatch(key):
         raise DFlashError(f"--api-key (or {API_KEY_ENV}) must be printable ASCII without spaces (it is sent in an "
-                          f"HTTP header), got {len(key)} characters that are not")
+                          "HTTP header); the key given has a space, a control or a non-ASCII character")
     return key
 
 
