@@ -13,6 +13,7 @@ import random
 import shutil
 import subprocess
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,15 @@ import torch.distributed as dist
 from ..engine.generator import Generator
 from ..engine.request import Request
 from ..engine.sequence import Sequence
+from ..utils.errors import DFlashError
+
+from .failures import RANK_LOST as RANK_LOST_TEXT
+
+DEATH_SEEN_S = 2.0  # a collective that failed because a rank died: how long its exit may take to be reaped
+
+
+class RankLost(DFlashError):
+    """A worker rank exited: the ranks can no longer step together (its message names the rank and exit code)."""
 
 
 def broadcast(message=None):
@@ -32,8 +42,10 @@ class LockstepGenerator:
     """Rank 0's generator: a `Generator` (the same behaviour) whose every state change is first sent to the
     workers (`follow`). Everything else, reads and settings alike, is the generator's own."""
 
-    def __init__(self, target, proposer, default_stop_ids: tuple[int, ...] = ()):
+    def __init__(self, target, proposer, default_stop_ids: tuple[int, ...] = (), workers=()):
         object.__setattr__(self, "generator", Generator(target, proposer, default_stop_ids))
+        object.__setattr__(self, "workers", list(workers))  # ranks 1.. (subprocess.Popen)
+        object.__setattr__(self, "lost", None)  # why the ranks cannot step together any more, once known
 
     def __getattr__(self, name: str):
         return getattr(self.generator, name)
@@ -48,9 +60,9 @@ class LockstepGenerator:
     def allocate(self, num_slots: int, capacity: int, block: int, num_blocks: int | None = None) -> None:
         g = self.generator
         # the pool's settings first: every rank sizes the same pool, so admission and preemption agree
-        broadcast(("configure", (g.prefix_caching, g.max_num_tokens, g.kv_cache_bytes)))
-        broadcast(("allocate", (num_slots, capacity, block, num_blocks)))
-        g.allocate_caches(num_slots, capacity, block, num_blocks)
+        self.send(("configure", (g.prefix_caching, g.max_num_tokens, g.kv_cache_bytes)))
+        self.send(("allocate", (num_slots, capacity, block, num_blocks)))
+        self.guarded(g.allocate_caches, num_slots, capacity, block, num_blocks)
         g.policy.prepare(self)
 
     def admit(self, requests: list[Request], tags: list | None = None, drafting: bool | None = None) -> list[Sequence]:
@@ -58,8 +70,8 @@ class LockstepGenerator:
         g.check_admission(requests)  # a rejected batch never reaches the workers
         if drafting is None:  # decided by rank 0's policy and sent, so every rank keeps the same drafter context
             drafting = g.decide_drafting(requests, g.slots.free()[: len(requests)])
-        broadcast(("admit", (requests, None, drafting)))
-        return g.admit(requests, tags, drafting)
+        self.send(("admit", (requests, None, drafting)))
+        return self.guarded(g.admit, requests, tags, drafting)
 
     def step(self, draft_len: int | None = None) -> list[Sequence]:
         g = self.generator
@@ -67,8 +79,8 @@ class LockstepGenerator:
             return []
         running = list(g.slots.running.values())
         k = (self.draft_len(running) if running else 0) if draft_len is None else draft_len
-        broadcast(("step", (k,)))
-        return g.step(k)
+        self.send(("step", (k,)))
+        return self.guarded(g.step, k)
 
     def draft_len(self, running: list[Sequence]) -> int:
         k, stopping = self.generator.next_draft_len(running)
@@ -77,19 +89,56 @@ class LockstepGenerator:
         return k
 
     def stop_drafting(self, running: list[Sequence]) -> None:
-        broadcast(("stop_drafting", ([s.slot for s in running],)))
+        self.send(("stop_drafting", ([s.slot for s in running],)))
         self.generator.stop_drafting(running)
 
     def hold(self, sequences: list[Sequence], length: int) -> None:
-        broadcast(("hold", ([s.slot for s in sequences], length)))
+        self.send(("hold", ([s.slot for s in sequences], length)))
         self.generator.hold(sequences, length)
 
     def cancel(self, seq: Sequence, reason: str) -> None:
-        broadcast(("cancel", (seq.order, reason)))  # admission order: also names a preempted or staged request
+        if self.lost is None:  # once a rank is gone, rank 0 still ends its own requests
+            self.send(("cancel", (seq.order, reason)))  # admission order: also names a preempted or staged one
         self.generator.cancel(seq, reason)
 
     def close(self) -> None:
-        broadcast(("stop", ()))
+        if self.lost is None:
+            self.send(("stop", ()))
+        for worker in self.workers:  # past a lost rank the others may wait in a collective forever
+            if self.lost is not None and worker.poll() is None:
+                worker.kill()
+
+    def send(self, message) -> None:
+        if self.lost is not None:
+            raise RankLost(self.lost)
+        self.guarded(broadcast, message)
+
+    def guarded(self, call, *args):
+        """call(*args); a failure while a worker rank has exited is that rank's loss (RankLost), not a step's."""
+        try:
+            return call(*args)
+        except RankLost:
+            raise
+        except Exception as exc:
+            if self.check_ranks(DEATH_SEEN_S) is None:
+                raise
+            raise RankLost(self.lost) from exc
+
+    def check_ranks(self, wait_s: float = 0.0) -> str | None:
+        """Why the ranks can no longer step together (a worker exited), else None; waits up to `wait_s` for an
+        exit to show. Cheap (one waitpid per worker): the serving loop calls it while idle."""
+        deadline = time.monotonic() + wait_s
+        while self.lost is None:
+            for rank, worker in enumerate(self.workers, start=1):
+                if worker.poll() is not None:
+                    object.__setattr__(self, "lost", f"{RANK_LOST_TEXT} (rank {rank} exited with code "
+                                                     f"{worker.returncode})")
+                    break
+            else:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.05)
+        return self.lost
 
 
 def with_seed(request: Request) -> Request:

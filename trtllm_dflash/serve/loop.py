@@ -22,6 +22,7 @@ from ..engine.sequence import Sequence
 from ..utils.errors import DFlashError
 from .admission import AdmissionGate, AdmissionSettings, fixed_cost
 from .failures import CANCELLED, INTERNAL_ERROR, OVERLOADED, SHUTTING_DOWN
+from .lockstep import RankLost
 from .torch_thread import TorchThread
 
 STEP_IDLE_S = 0.005  # how long the loop sleeps when nothing is queued or running
@@ -86,8 +87,13 @@ POOL_TOTALS = {"prefix_hit_tokens": "hit_tokens", "prefix_tokens": "queried_toke
 class ServingLoop:
     def __init__(self, generator: Generator, tokenizer, max_batch_size: int, max_seq_len: int, max_queue: int,
                  on_update=None, on_step=None, stop_file: str | None = None, torch_thread: TorchThread | None = None,
-                 admission: AdmissionSettings = AdmissionSettings()):
+                 admission: AdmissionSettings = AdmissionSettings(), ranks_lost=None, on_lost=None):
         self.generator, self.tokenizer = generator, tokenizer
+        # a tensor-parallel engine: `ranks_lost()` -> why its ranks can no longer step together, else None (checked
+        # while idle; a step meets the loss itself); `on_lost(why)` once, after everything in flight has failed
+        self.ranks_lost = ranks_lost or (lambda: None)
+        self.on_lost = on_lost or (lambda why: None)
+        self.lost: str | None = None
         # dflash-serve creates this file to begin a shutdown: Triton unloads a model only once its requests
         # are over, so the loop must end them first (each gets a final SHUTTING_DOWN response)
         self.stop_file = stop_file
@@ -117,6 +123,8 @@ class ServingLoop:
         """Queue a validated request, or answer at once when it cannot be served."""
         if self.draining:
             return self.reject(req.responder, f"{SHUTTING_DOWN}: not accepting requests")
+        if self.lost is not None:
+            return self.reject(req.responder, self.lost)
         try:
             self.generator.validate(req.request)
         except DFlashError as exc:
@@ -143,11 +151,24 @@ class ServingLoop:
             if self.draining or self.stop_requested():
                 self.drain()
                 continue
+            if self.lost is not None:  # nothing can step: end what arrives until dflash-serve stops the server
+                self.shutdown(self.lost)
+                time.sleep(STEP_IDLE_S)
+                continue
             try:
                 self.iterate()
+            except RankLost as exc:
+                self.lose(str(exc))
             except Exception as exc:  # keep serving: fail the requests in flight, not the server
                 self.fail_running(f"{INTERNAL_ERROR}: {type(exc).__name__}: {exc}")
         self.shutdown()
+
+    def lose(self, why: str) -> None:
+        """A rank died: every request in flight or queued fails with `why`, then the model says so (on_lost)."""
+        self.lost = why
+        self.shutdown(why)
+        self.publish()
+        self.on_lost(why)
 
     def stop_requested(self) -> bool:
         return self.stop_file is not None and os.path.exists(self.stop_file)  # one stat() per step
@@ -162,6 +183,9 @@ class ServingLoop:
     def iterate(self) -> None:
         self.admit()
         if not self.generator.live():
+            why = self.ranks_lost()
+            if why is not None:
+                raise RankLost(why)
             time.sleep(STEP_IDLE_S)
             return
         self.drop_cancelled()
@@ -338,13 +362,14 @@ class ServingLoop:
                        time.monotonic() - self.exported_s >= METRICS_FLUSH_S):
             self.export()
 
-    def shutdown(self) -> None:
-        self.fail_running(f"{SHUTTING_DOWN}: request cancelled")
+    def shutdown(self, message: str = f"{SHUTTING_DOWN}: request cancelled") -> None:
+        """End everything in flight and queued with `message`."""
+        self.fail_running(message)
         waiting, self.waiting = self.waiting, []
         for r in waiting:
-            self.reject(r.responder, f"{SHUTTING_DOWN}: request cancelled")
+            self.reject(r.responder, message)
         while not self.pending.empty():
-            self.reject(self.pending.get_nowait().responder, f"{SHUTTING_DOWN}: request cancelled")
+            self.reject(self.pending.get_nowait().responder, message)
 
 
 def first_stop(text: str, stops: tuple[str, ...]) -> int | None:

@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..utils.errors import DFlashError
+from .failures import FATAL_FILE_ENV
 from .load_failure import LOAD_ERROR_ENV, load_failure
 from .locate import TritonInstall
+from .orphans import ending_with_parent
 from .shutdown import EXIT_TIMEOUT_S, STOP_FILE_ENV, begin_drain, unload_all
 
 STOP_GRACE_S = 30
@@ -83,6 +85,17 @@ class TritonServer:
         return self.workdir / "load_error"
 
     @property
+    def fatal_file(self) -> Path:
+        return self.workdir / "fatal"
+
+    def fatal(self) -> str | None:
+        """Why the model can no longer serve (a tensor-parallel rank died), once it has said so."""
+        if not self.fatal_file.is_file():
+            return None
+        where = f" (tritonserver's log: {self.log_path})" if self.log_path else ""
+        return self.fatal_file.read_text().strip() + where
+
+    @property
     def pid(self) -> int:
         return self.proc.pid
 
@@ -108,8 +121,9 @@ def start_server(install: TritonInstall, repo: Path, ends: Endpoints, log=None, 
 
     workdir = Path(tempfile.mkdtemp(prefix="dflash-serve-"))
     env = {**{k: v for k, v in os.environ.items() if k != API_KEY_ENV}, **install.env,  # the key is the frontend's
-           STOP_FILE_ENV: str(workdir / "stop"), LOAD_ERROR_ENV: str(workdir / "load_error")}
-    proc = subprocess.Popen(server_command(install, repo, ends), env=env, stdout=subprocess.PIPE,
+           STOP_FILE_ENV: str(workdir / "stop"), LOAD_ERROR_ENV: str(workdir / "load_error"),
+           FATAL_FILE_ENV: str(workdir / "fatal")}
+    proc = subprocess.Popen(ending_with_parent(server_command(install, repo, ends)), env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
     opened = []
     if log_file is not None:
@@ -201,7 +215,8 @@ def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend
     ready (the model loaded its weights and graphs, recorded them and calibrated: triton_model.py), not before,
     with the seconds since start. With `frontend` (FrontendSettings), the OpenAI frontend runs beside
     tritonserver, started once Triton is ready and stopped first (it ends its streams while Triton still
-    answers); when either child dies, the other is stopped too."""
+    answers); when either child dies, the other is stopped too. When the model reports it can no longer serve (a
+    tensor-parallel rank died: the fatal file, triton_model.py), both are stopped and its cause is raised."""
     server = start_server(install, repo, ends, log_file=log_file)
     children: list[subprocess.Popen] = []  # the frontend, once started
     stop = {"requested": False}
@@ -220,15 +235,19 @@ def run_foreground(install: TritonInstall, repo: Path, ends: Endpoints, frontend
                 print(ready_line, file=sys.stderr, flush=True)
         if frontend is not None:
             start_openai(server, children, frontend, stop)
-        while not stop["requested"] and server.poll() is None and all(c.poll() is None for c in children):
+        while (not stop["requested"] and server.poll() is None and all(c.poll() is None for c in children)
+               and server.fatal() is None):
             time.sleep(0.2)
     except DFlashError:
         if not stop["requested"]:  # a signal while starting is a stop, not a failure
             raise
     finally:  # frontend first, then Triton; an error above must not leave a child behind
+        fatal = server.fatal()  # read before the stop removes the server's folder
         codes = [stop_process(child, STOP_GRACE_S) for child in children] + [stop_server(server)]
         for s, handler in old.items():
             signal.signal(s, handler)
+    if not stop["requested"] and fatal is not None:  # stopped above; the cause is the one line
+        raise DFlashError(fatal)
     if stop["requested"] and all(code in (0, -signal.SIGTERM) for code in codes):
         return 0
     return next((code for code in codes if code not in (0, -signal.SIGTERM)), 1)

@@ -26,6 +26,7 @@ from ..engine.request import Request
 from ..sample.sampling import SamplingParams
 from ..utils.errors import DFlashError
 from ..utils.threads import set_threads
+from .failures import FATAL_FILE_ENV
 from .load_failure import record_load_error
 from .loop import Counters, ServeRequest, ServingLoop
 from .repository import ModelParameters
@@ -176,7 +177,8 @@ class TritonPythonModel:
         self.metrics = self.make_metrics(generator.block - 1)
         self.loop = ServingLoop(generator, self.tokenizer, params.max_batch_size, params.max_seq_len,
                                 params.max_queue, self.update_metrics, self.metrics["draft_length"].observe,
-                                os.environ.get(STOP_FILE_ENV), self.torch_thread, params.admission)
+                                os.environ.get(STOP_FILE_ENV), self.torch_thread, params.admission,
+                                **self.rank_watch(generator))
         pool = generator.pool
         print(f"dflash: KV pool: {pool.num_blocks} blocks of {BLOCK} = {pool.num_blocks * BLOCK} tokens "
               f"({pool.num_blocks * generator.bytes_per_block / 2**30:.2f} GiB), prefix caching "
@@ -206,7 +208,21 @@ class TritonPythonModel:
         pipeline = load_engine(engine_dir, rank=0, decoding=decoding)
         self.startup = pipeline.startup
         g = pipeline.generator
-        return LockstepGenerator(g.target, g.proposer, g.default_stop_ids), pipeline.tokenizer
+        return LockstepGenerator(g.target, g.proposer, g.default_stop_ids, self.workers), pipeline.tokenizer
+
+    def rank_watch(self, generator) -> dict:
+        """A tensor-parallel engine's loop learns when a rank has died, and dflash-serve learns it from the file
+        FATAL_FILE_ENV names (it stops the server and exits with that line)."""
+        if not self.workers:
+            return {}
+
+        def on_lost(why: str) -> None:
+            print(f"dflash: {why}: failing every request; the server must be restarted", file=sys.stderr, flush=True)
+            path = os.environ.get(FATAL_FILE_ENV)
+            if path:
+                Path(path).write_text(why + "\n")
+
+        return {"ranks_lost": generator.check_ranks, "on_lost": on_lost}
 
     def make_metrics(self, max_draft_len: int) -> dict:
         metrics, self.families = {}, []  # a family must outlive its metrics

@@ -9,6 +9,7 @@ import time
 import urllib.request
 
 from ...utils.errors import DFlashError
+from ..orphans import ending_with_parent
 from .auth import API_KEY_ENV
 from .server import FrontendSettings
 
@@ -29,7 +30,7 @@ def frontend_env(settings: FrontendSettings) -> dict[str, str]:
 def start_frontend(settings: FrontendSettings, log=None) -> subprocess.Popen:
     """Its own process group, like tritonserver's, so a stop reaches all of it. The API key travels in its
     environment (auth.py)."""
-    return subprocess.Popen(frontend_command(settings), env=frontend_env(settings), stdout=log,
+    return subprocess.Popen(ending_with_parent(frontend_command(settings)), env=frontend_env(settings), stdout=log,
                             stderr=subprocess.STDOUT if log else None, start_new_session=True)
 
 
