@@ -61,8 +61,8 @@ LAGUNA = dict(intermediate_size=512, num_attention_heads_per_layer=[8, 16, 8, 8]
 # DeepSeek-V3: multi-head latent attention (q and kv low-rank, 16 rope channels), one dense layer, 16 experts in 4
 # groups keeping 2, a shared expert (K/V heads as many as query heads, as its eager path needs; head_dim is the
 # rope dim, as DeepseekV3Config.__post_init__ sets it)
-DEEPSEEK_V3 = dict(num_key_value_heads=8, head_dim=16, intermediate_size=512, moe_intermediate_size=256, n_routed_experts=16,
-                   num_experts_per_tok=4, n_group=4, topk_group=2, kv_lora_rank=64, q_lora_rank=96,
+DEEPSEEK_V3 = dict(num_key_value_heads=8, head_dim=16, intermediate_size=512, moe_intermediate_size=256,
+                   n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2, kv_lora_rank=64, q_lora_rank=96,
                    qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, first_k_dense_replace=1)
 SHAPES = {  # family -> (model_type, shape beside COMMON)
     "gpt_oss": ("gpt_oss", dict(intermediate_size=256, num_local_experts=16, num_experts_per_tok=4, sliding_window=64)),

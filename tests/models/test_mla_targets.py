@@ -106,6 +106,19 @@ def test_config_reads_what_transformers_builds(target):
     assert len({tuple(e) for e in expected}) == len(PROMPTS) and all(len(set(e)) > 6 for e in expected)
 
 
+@pytest.mark.parametrize("change, message", [
+    ({"n_routed_experts": 4}, "n_group 4 must divide n_routed_experts 4 into groups of at least 2"),
+    ({"head_dim": 16}, "head_dim 16 must equal qk_rope_head_dim 8"),
+    ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [4]}},
+     "quantization_config.weight_block_size must be two positive ints"),
+])
+def test_bad_configs_name_the_field(change, message):
+    from trtllm_dflash.utils.errors import DFlashError
+
+    with pytest.raises(DFlashError, match=message):
+        parse_target_config({"model_type": "deepseek_v3", **TEXT, **change}, "c")
+
+
 def test_logits_and_hidden_states_after_rollback(target):
     """Ragged prefill, a verify block that is mostly rejected, then the accepted prefix continued: every logit and
     captured layer equals a full transformers pass (latents read back from the paged pool)."""

@@ -105,6 +105,20 @@ def test_config_reads_what_transformers_builds(target):
     assert len({tuple(e) for e in expected}) == len(PROMPTS) and all(len(set(e)) > 6 for e in expected)
 
 
+@pytest.mark.parametrize("model_type, change, message", [
+    ("laguna", {"moe_apply_router_weight_on_input": True}, "unsupported moe_apply_router_weight_on_input true"),
+    ("laguna", {"num_attention_heads_per_layer": [4, 3, 4, 4]}, "field 'num_attention_heads_per_layer' must list 4"),
+    ("laguna", {"gating": "per-token"}, "unsupported gating 'per-token'"),
+    ("laguna", {"mlp_layer_types": ["dense", "moe", "sparse", "sparse"]}, "field 'mlp_layer_types' must list 4"),
+    ("minimax_m2", {"rotary_dim": 3}, "partial_rotary_factor must be in (0, 1] and turn an even number"),
+])
+def test_bad_configs_name_the_field(model_type, change, message):
+    from trtllm_dflash.utils.errors import DFlashError
+
+    with pytest.raises(DFlashError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        parse_target_config({"model_type": model_type, **CONFIGS[model_type], **change}, "c")
+
+
 def test_logits_and_hidden_states_after_rollback(target):
     """Ragged prefill, a verify block that is mostly rejected, then the accepted prefix continued: every logit and
     captured layer equals a full transformers pass."""
