@@ -93,6 +93,3 @@ class AutoDraftLen(DraftLenPolicy):
 
     def keeps_context(self, batch: BatchView) -> list[bool]:
         return [self.reachable(batch)] * len(batch.slots)
-
-    def describe(self) -> dict:
-        return {"policy": self.name}
