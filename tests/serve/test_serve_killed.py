@@ -68,7 +68,10 @@ def alive(pid: int) -> bool:
 
 
 def port_free(port: int) -> bool:
+    """A server can listen there again (as servers bind: SO_REUSEADDR, so the ended connections' TIME_WAIT does
+    not count)."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
