@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from trtllm_dflash.engine.loader import free_port
+from helpers.serve_cli import start_serve, wait_ready
 
 pytest.importorskip("tritonclient")
 pytestmark = [pytest.mark.serve, pytest.mark.slow]
@@ -30,32 +30,24 @@ def files(root: Path) -> dict[str, str]:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def start(engine: Path, root: Path):
-    ports = [free_port() for _ in range(3)]
-    log = open(root / "serve.log", "w")
-    command = [sys.executable, "-m", "trtllm_dflash.cli.serve", str(engine), "--model-repo", str(root / "repo"),
-               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]),
-               "--draft-len", "3"]
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), ports, log
-
-
-def wait_ready(serve, port: int, log: Path, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert serve.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
-
-
 def generate(port: int, tokens: int = 24) -> str:
     body = {"text_input": PROMPT, "sampling_param_max_tokens": tokens, "sampling_param_ignore_eos": True}
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v2/models/dflash/generate", json.dumps(body).encode())
     with urllib.request.urlopen(req, timeout=120) as r:
         return json.loads(r.read())["text_output"]
+
+
+def restarted_text(engine: Path, root: Path) -> str:
+    """A fresh dflash-serve on `engine`: its greedy text for PROMPT; it then stops cleanly (exit 0)."""
+    root.mkdir()
+    serve, ports, log = start_serve(engine, root, "--draft-len", "3")
+    try:
+        wait_ready(serve, ports[0], root / "serve.log")
+        return generate(ports[0])
+    finally:
+        serve.send_signal(signal.SIGTERM)
+        assert serve.wait(60) == 0, (root / "serve.log").read_text()[-3000:]
+        log.close()
 
 
 def alive(pid: int) -> bool:
@@ -90,7 +82,7 @@ def test_a_killed_server_leaves_nothing_running_and_its_engine_whole(builtin, tm
     before = files(engine)
     first = tmp_path / "first"
     first.mkdir()
-    serve, ports, log = start(engine, first)
+    serve, ports, log = start_serve(engine, first, "--draft-len", "3")
     try:
         wait_ready(serve, ports[0], first / "serve.log")
         expected = generate(ports[0])
@@ -127,16 +119,7 @@ def test_a_killed_server_leaves_nothing_running_and_its_engine_whole(builtin, tm
     assert files(engine) == before  # nothing in the engine was touched
     assert build_main(["verify", str(engine)]) == 0
 
-    again = tmp_path / "again"
-    again.mkdir()
-    serve, ports, log = start(engine, again)
-    try:
-        wait_ready(serve, ports[0], again / "serve.log")
-        assert generate(ports[0]) == expected
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(60) == 0, (again / "serve.log").read_text()[-3000:]
-        log.close()
+    assert restarted_text(engine, tmp_path / "again") == expected
 
 
 def stream(port: int, events: list, done: threading.Event) -> None:
@@ -176,7 +159,7 @@ def test_a_dead_rank_fails_its_requests_and_stops_the_server(builtin, tmp_path):
                                     max_batch_size=4, max_seq_len=512, tp=2), "test")
     first = tmp_path / "first"
     first.mkdir()
-    serve, ports, log = start(engine, first)
+    serve, ports, log = start_serve(engine, first, "--draft-len", "3")
     try:
         wait_ready(serve, ports[0], first / "serve.log")
         expected = generate(ports[0])
@@ -211,13 +194,4 @@ def test_a_dead_rank_fails_its_requests_and_stops_the_server(builtin, tmp_path):
         assert leftover == [], (pattern, leftover)
     assert all(port_free(p) for p in ports)
 
-    again = tmp_path / "again"
-    again.mkdir()
-    serve, ports, log = start(engine, again)
-    try:
-        wait_ready(serve, ports[0], again / "serve.log")
-        assert generate(ports[0]) == expected
-    finally:
-        serve.send_signal(signal.SIGTERM)
-        assert serve.wait(60) == 0, (again / "serve.log").read_text()[-3000:]
-        log.close()
+    assert restarted_text(engine, tmp_path / "again") == expected

@@ -11,12 +11,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 from trtllm_dflash.engine.loader import free_port
 
+from helpers.serve_cli import start_serve, wait_ready
 from trtllm_dflash.serve.failures import SHUTTING_DOWN
 
 pytest.importorskip("tritonclient")
@@ -27,26 +27,6 @@ STOP_WITHIN_S = 10
 
 def python_shm() -> set[str]:
     return {name for name in os.listdir("/dev/shm") if "python_backend" in name}
-
-
-def start_serve(engine: Path, tmp_path: Path, *extra: str):
-    ports = [free_port() for _ in range(3)]
-    command = [sys.executable, "-m", "trtllm_dflash.cli.serve", str(engine), "--model-repo", str(tmp_path / "repo"),
-               "--http-port", str(ports[0]), "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), *extra]
-    log = open(tmp_path / "serve.log", "w")
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT), ports[0], log
-
-
-def wait_ready(serve, port: int, log_path: Path, timeout: float = 240) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        assert serve.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.5)
 
 
 def open_stream(port: int, events: list, done: threading.Event, started: threading.Event) -> None:
@@ -78,7 +58,8 @@ def check_start_log(path: Path) -> None:
 
 def test_sigterm_cancels_streams_and_exits_cleanly(triton_server, tmp_path):
     shm_before = python_shm()
-    serve, port, log = start_serve(triton_server["engine"], tmp_path)
+    serve, ports, log = start_serve(triton_server["engine"], tmp_path)
+    port = ports[0]
     try:
         wait_ready(serve, port, tmp_path / "serve.log")
         check_start_log(tmp_path / "serve.log")

@@ -20,6 +20,7 @@ import re
 import torch
 
 from ..deepseek_v4.checkpoint import dequantize_fp8
+from ...utils.names import rename
 
 RENAMES = [
     (re.compile(r"^language_model\.model\.blocks\."), "model.layers."),  # transformers' writer: see the docstring
@@ -38,8 +39,7 @@ def deepseek_v3_names(cfg, tensors: dict[str, torch.Tensor]) -> dict[str, torch.
         tensors = dequantize_fp8(tensors, cfg.deepseek_v3.fp8_block)
     out = {}
     for name, t in tensors.items():
-        for pattern, target in RENAMES:
-            name = pattern.sub(target, name)
+        name = rename(name, RENAMES)
         layer = LAYER.match(name)
         if name.startswith(LANGUAGE_MODEL) and not (layer and int(layer[1]) >= cfg.num_hidden_layers):
             out[name] = t

@@ -13,6 +13,8 @@ import re
 
 import torch
 
+from ...utils.names import renamed
+
 RENAMES = [
     (re.compile(r"\.mlp\.(experts|gate)\.e_score_correction_bias$"), ".mlp.router.e_score_correction_bias"),
     (re.compile(r"\.mlp\.shared_experts\."), ".mlp.shared_expert."),
@@ -20,9 +22,4 @@ RENAMES = [
 
 
 def laguna_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in tensors.items():
-        for pattern, target in RENAMES:
-            name = pattern.sub(target, name)
-        out[name] = t
-    return out
+    return renamed(tensors, RENAMES)

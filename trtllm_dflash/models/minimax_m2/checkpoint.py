@@ -13,6 +13,8 @@ import re
 
 import torch
 
+from ...utils.names import renamed
+
 RENAMES = [
     (re.compile(r"\.block_sparse_moe\."), ".mlp."),
     (re.compile(r"\.mlp\.e_score_correction_bias$"), ".mlp.router.e_score_correction_bias"),
@@ -23,9 +25,4 @@ RENAMES = [
 
 
 def minimax_m2_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, t in tensors.items():
-        for pattern, target in RENAMES:
-            name = pattern.sub(target, name)
-        out[name] = t
-    return out
+    return renamed(tensors, RENAMES)
