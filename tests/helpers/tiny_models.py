@@ -102,6 +102,34 @@ def write_drafter(path: Path, cfg: dict | None = None, weights: dict | None = No
     return path
 
 
+def laguna_drafter_config(window: int = 3, **extra) -> dict:
+    """A tiny Laguna DFlash drafter as published (vLLM's architecture name, model_type llama): a causal sliding layer
+    with a window shorter than a block, then a full one."""
+    return drafter_config(architectures=["DFlashLagunaForCausalLM"], model_type="llama", gating=True,
+                          layer_types=["sliding_attention", "full_attention"], sliding_window=window, **extra)
+
+
+def laguna_drafter_weights(cfg: dict, seed: int = 0, fused_qkv: bool = True) -> dict[str, torch.Tensor]:
+    """drafter_weights plus the Laguna tensors (aux norms off 1, per-head gates); fused_qkv: layer 0's q/k/v as
+    one `self_attn.qkv_proj.weight`, as some published checkpoints ship it."""
+    w = drafter_weights(cfg, seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    h, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    for i in range(len(cfg["dflash_config"]["target_layer_ids"])):
+        w[f"aux_hidden_norms.{i}.weight"] = 1 + 0.3 * torch.randn(h, generator=g)
+    for layer in range(cfg["num_hidden_layers"]):
+        w[f"layers.{layer}.self_attn.g_proj.weight"] = torch.randn(heads, h, generator=g) * 0.5
+    if fused_qkv:
+        p = "layers.0.self_attn."
+        w[p + "qkv_proj.weight"] = torch.cat([w.pop(p + f"{k}_proj.weight") for k in "qkv"])
+    return w
+
+
+def write_laguna_drafter(path: Path, seed: int = 0, **extra) -> Path:
+    cfg = laguna_drafter_config(**extra)
+    return write_drafter(path, cfg, laguna_drafter_weights(cfg, seed))
+
+
 def add_tokenizer(path: Path, vocab: int = VOCAB, eos: int = 1) -> Path:
     """A word-level tokenizer whose tokens are 't0' .. 't{vocab-1}' (text 't5 t6' -> ids 5, 6)."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -14,7 +14,7 @@ import json
 import pytest
 import torch
 from helpers.scripted import ScriptedProposer, scripted_results
-from helpers.tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter
+from helpers.tiny_models import VOCAB, add_tokenizer, hf_generate, randomize, write_drafter, write_laguna_drafter
 from safetensors.torch import load_file
 from trtllm_dflash.checkpoint.loader import load_target
 from trtllm_dflash.engine.pipeline import load_pipeline
@@ -72,6 +72,12 @@ def target(request, tmp_path_factory):
 @pytest.fixture(scope="module")
 def drafter(tmp_path_factory):
     return write_drafter(tmp_path_factory.mktemp("sigmoid-drafter") / "d", seed=8)
+
+
+@pytest.fixture(scope="module")
+def laguna_drafter(tmp_path_factory):
+    """Laguna's own DFlash drafter (helpers/tiny_models.py laguna_drafter_config), layer 0's q/k/v fused."""
+    return write_laguna_drafter(tmp_path_factory.mktemp("laguna-drafter") / "d", seed=9)
 
 
 def routed_experts(hf, seq: torch.Tensor) -> set[tuple[int, ...]]:
@@ -208,3 +214,35 @@ def test_trtllm_backend_builds_with_its_evidence(target, drafter, tmp_path):
     assert build_main(["--target", str(path), "--drafter", str(drafter), "--output", str(out), "--backend", "trtllm",
                        "--gpu", "b200"]) == 0
     assert build_main(["verify", str(out)]) == 0
+
+
+def test_laguna_drafter_greedy_equals_transformers(target, laguna_drafter):
+    """Laguna's drafter (aux norms, gates, context input_layernorm, a causal sliding layer) over the Laguna target:
+    alone and batched, DFlash output equals transformers' greedy output."""
+    hf, path, expected = target
+    if hf.config.model_type != "laguna":
+        pytest.skip("Laguna's drafter is trained for Laguna targets")
+    gen = load_pipeline(path, laguna_drafter).generator
+    assert type(gen.proposer.drafter).__name__ == "LagunaDrafter"
+    alone = gen.generate([Request(tuple(PROMPTS[2]), N, ignore_eos=True)], BLOCK)
+    assert alone[0].output_ids == expected[2]
+    batched = gen.generate([Request(tuple(p), N, ignore_eos=True) for p in PROMPTS], BLOCK)
+    assert [r.output_ids for r in batched] == expected
+
+
+def test_laguna_drafter_builds_for_both_backends(target, laguna_drafter, tmp_path):
+    """dflash-build --backend torch and --backend trtllm accept the pair (TensorRT-LLM's DFlashLagunaForCausalLM reads
+    its architectures and the aux_hidden_norms); both engines verify."""
+    from trtllm_dflash.cli.build import main as build_main
+
+    hf, path, _ = target
+    if hf.config.model_type != "laguna":
+        pytest.skip("Laguna's drafter is trained for Laguna targets")
+    for backend in ("torch", "trtllm"):
+        out = tmp_path / backend
+        extra = ["--gpu", "b200"] if backend == "trtllm" else ["--dtype", "float32"]
+        assert build_main(["--target", str(path), "--drafter", str(laguna_drafter), "--output", str(out),
+                           "--backend", backend, *extra]) == 0
+        assert build_main(["verify", str(out)]) == 0
+    written = load_file(str(tmp_path / "trtllm" / "drafter" / "model.safetensors"))
+    assert "aux_hidden_norms.0.weight" in written and "layers.0.self_attn.g_proj.weight" in written

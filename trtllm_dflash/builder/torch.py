@@ -22,8 +22,7 @@ from ..config.manifest import Manifest
 from ..config.model import DrafterConfig, TargetConfig, read_config_json
 from ..config.pairing import validate_pair
 from ..distributed.parallel import Parallel, check_divisible, check_divisible_experts, check_linear_heads
-from ..models.drafter import DFlashDrafter
-from ..models.registry import parse_drafter_config, parse_target_config
+from ..models.registry import build_drafter, parse_drafter_config, parse_target_config
 from ..models.target import build_target
 from ..utils.errors import DFlashError
 from .backend import Backend
@@ -35,7 +34,7 @@ from .verify import checked
 def write_torch_engine(plan: BuildPlan, tmp: Path) -> dict:
     dtype, tp = DTYPES[plan.spec.dtype], plan.spec.tp
     roles = (("target", plan.target_dir, plan.target, build_target),
-             ("drafter", plan.drafter_dir, plan.drafter, DFlashDrafter))
+             ("drafter", plan.drafter_dir, plan.drafter, build_drafter))
     for role, src, cfg, cls in roles:
         state = target_tensors(cfg, load_tensors(src), src) if role == "target" else plan.drafter_checkpoint.tensors()
         skip = tied_weights(cfg)
@@ -103,7 +102,7 @@ def check_weights_per_rank(engine_dir: Path, manifest: Manifest) -> list[str]:
     for rank in range(manifest.tp_size):
         tp = Parallel(rank, manifest.tp_size)
         with torch.device("meta"):
-            models = (("target", build_target(target, tp)), ("drafter", DFlashDrafter(drafter, tp)))
+            models = (("target", build_target(target, tp)), ("drafter", build_drafter(drafter, tp)))
         for role, model in models:
             path = engine_dir / role / f"rank{rank}.safetensors"
             check_weights(model, read_safetensors(path), path, tied_weights(model.config))

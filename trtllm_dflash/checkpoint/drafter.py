@@ -44,7 +44,23 @@ class DrafterCheckpoint:
         if self.format == "speculators":
             for name in VERIFIER_OWNED:
                 tensors.pop(name, None)
-        return tensors
+        return split_qkv(tensors, self.config) if self.config.laguna_drafter else tensors
+
+
+def split_qkv(tensors: dict[str, torch.Tensor], cfg: DrafterConfig) -> dict[str, torch.Tensor]:
+    """A Laguna drafter may ship each layer's `self_attn.qkv_proj.weight` fused ([q | k | v] rows); split by the
+    head counts, as TensorRT-LLM does (NVIDIA/TensorRT-LLM@009d8fa4 `_torch/models/modeling_dflash.py`
+    DFlashForCausalLM.load_weights). A wrong row count surfaces as v_proj's shape mismatch in check_weights."""
+    q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+    out = {}
+    for name, t in tensors.items():
+        if name.endswith("self_attn.qkv_proj.weight"):
+            base = name[: -len("qkv_proj.weight")]
+            out.update({f"{base}q_proj.weight": t[:q], f"{base}k_proj.weight": t[q:q + kv],
+                        f"{base}v_proj.weight": t[q + kv:]})
+        else:
+            out[name] = t
+    return out
 
 
 @dataclass(frozen=True)

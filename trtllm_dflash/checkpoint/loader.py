@@ -11,7 +11,7 @@ from torch import nn
 from ..config.model import DrafterConfig, TargetConfig, read_config_json
 from ..distributed.parallel import SINGLE, Parallel
 from ..models.drafter import DFlashDrafter
-from ..models.registry import parse_target_config
+from ..models.registry import build_drafter, parse_target_config
 from ..models.target import TargetModel, build_target
 from ..utils.errors import DFlashError
 from .drafter import read_drafter
@@ -32,7 +32,7 @@ class LoadedTarget:
 
 @dataclass
 class LoadedDrafter:
-    model: DFlashDrafter
+    model: DFlashDrafter  # or a subclass its config names (models/registry.py build_drafter)
     config: DrafterConfig
     path: Path
 
@@ -72,7 +72,7 @@ def target_from_tensors(cfg: TargetConfig, tensors: dict, path: Path, tp: Parall
 
 def drafter_from_tensors(cfg: DrafterConfig, tensors: dict, path: Path, tp: Parallel, dtype, device) -> DFlashDrafter:
     with torch.device("meta"):
-        model = DFlashDrafter(cfg, tp)
+        model = build_drafter(cfg, tp)
     assign_weights(model, tensors, path)
     return model.to(device=device, dtype=dtype).eval()
 

@@ -17,6 +17,8 @@ from ..utils.errors import DFlashError
 from .dflash2 import ARCHITECTURE as DFLASH2_ARCHITECTURE
 from .dflash2 import KEYS as DFLASH2_KEYS
 from .dflash2 import DFlash2Config, is_dflash2
+from .laguna_drafter import ARCHITECTURE as LAGUNA_DRAFTER_ARCHITECTURE
+from .laguna_drafter import check_laguna_drafter, is_laguna_drafter
 from .family import Family, attention_layout, read_as_transformers, with_defaults
 from .fields import Fields, token_ids
 from .moe import MoeConfig
@@ -254,6 +256,7 @@ class DrafterConfig(DecoderConfig):
     output_multiplier: float = 1.0
     final_logit_softcapping: float | None = None
     dflash2: DFlash2Config | None = None  # DFlash2's convolutions and candidate selector (config/dflash2.py)
+    laguna_drafter: bool = False  # aux norms, context input_layernorm, softplus gate (config/laguna_drafter.py)
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     @property
@@ -266,9 +269,10 @@ class DrafterConfig(DecoderConfig):
         """family: the entry of the drafter's model_type, or Qwen3's (models/registry.py parse_drafter_config)."""
         archs = data.get("architectures") or []
         dflash = data.get("dflash_config")
-        if DRAFTER_ARCHITECTURE not in archs and not is_dflash2(archs) and dflash is None:
-            raise DFlashError(f"{source}: unknown architecture {archs} for a drafter (expected {DRAFTER_ARCHITECTURE} "
-                              f"or {DFLASH2_ARCHITECTURE} with dflash_config)")
+        if DRAFTER_ARCHITECTURE not in archs and not is_dflash2(archs) and not is_laguna_drafter(archs) \
+                and dflash is None:
+            raise DFlashError(f"{source}: unknown architecture {archs} for a drafter (expected {DRAFTER_ARCHITECTURE}, "
+                              f"{DFLASH2_ARCHITECTURE} or {LAGUNA_DRAFTER_ARCHITECTURE} with dflash_config)")
         if not isinstance(dflash, dict):
             raise DFlashError(f"{source}: field 'dflash_config' must be an object, got {dflash!r}")
         check_drafter_fields(data, dflash, source)
@@ -299,6 +303,7 @@ class DrafterConfig(DecoderConfig):
             output_multiplier=f.get("output_multiplier", float, 1.0),
             final_logit_softcapping=f.get("final_logit_softcapping", float, None),
             dflash2=second,
+            laguna_drafter=is_laguna_drafter(archs),
         )
 
 
@@ -320,9 +325,11 @@ def check_drafter_fields(data: dict[str, Any], dflash: dict[str, Any], source: s
     """One-line refusal of drafter fields that would change the math this runtime computes."""
     archs = data.get("architectures") or []
     second = is_dflash2(archs)
-    if archs and DRAFTER_ARCHITECTURE not in archs and not second:
+    if archs and DRAFTER_ARCHITECTURE not in archs and not second and not is_laguna_drafter(archs):
         raise DFlashError(f"{source}: unsupported drafter architecture {archs} (supported: {DRAFTER_ARCHITECTURE}, "
-                          f"{DFLASH2_ARCHITECTURE})")
+                          f"{DFLASH2_ARCHITECTURE}, {LAGUNA_DRAFTER_ARCHITECTURE})")
+    if is_laguna_drafter(archs):
+        check_laguna_drafter(data, dflash, source)
     known = DFLASH_CONFIG_KEYS + (DFLASH2_KEYS if second else ())
     unknown = sorted(set(dflash) - set(known))
     if unknown:

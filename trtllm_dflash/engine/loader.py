@@ -108,7 +108,7 @@ def kv_pool_lines(engine_dir: Path) -> list[str]:
     pool a CPU server sizes by default (every row at max_seq_len)."""
     from ..cache.block_pool import default_blocks
     from ..cache.kv_cache import BLOCK
-    from ..models.drafter import DFlashDrafter
+    from ..models.registry import build_drafter
     from ..models.target import build_target
 
     manifest = read_torch_manifest(engine_dir)
@@ -116,7 +116,7 @@ def kv_pool_lines(engine_dir: Path) -> list[str]:
     t_dir, d_dir = engine_dir / "target", engine_dir / "drafter"
     with torch.device("meta"):
         target = build_target(parse_target_config(read_config_json(t_dir), str(t_dir / "config.json")), tp)
-        drafter = DFlashDrafter(parse_drafter_config(read_config_json(d_dir), str(d_dir / "config.json")), tp)
+        drafter = build_drafter(parse_drafter_config(read_config_json(d_dir), str(d_dir / "config.json")), tp)
     generator = Generator(target.to(dtype), drafter_proposer(drafter.to(dtype), target, context_kv="unfused"), set())
     per_block = generator.block_bytes()
     if not per_block:

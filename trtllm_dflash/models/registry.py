@@ -24,6 +24,7 @@ from ..config.family import (
     qwen3_moe_layout,
 )
 from ..config.family import read_as_transformers as _read_as_transformers
+from ..config.laguna_drafter import ARCHITECTURE as LAGUNA_DRAFTER_ARCHITECTURE
 from ..config.model import DRAFTER_ARCHITECTURE, DrafterConfig, TargetConfig
 from ..utils.errors import DFlashError
 from . import deepseek_v3, deepseek_v4, gemma4, laguna, minimax_m2
@@ -86,7 +87,7 @@ def parse_target_config(data: dict[str, Any], source: str) -> TargetConfig:
     """A target's config.json, validated as its family reads it; errors name `source` and the field."""
     model_type = data.get("model_type")
     archs = data.get("architectures") or []
-    if DRAFTER_ARCHITECTURE in archs or is_dflash2(archs):
+    if DRAFTER_ARCHITECTURE in archs or is_dflash2(archs) or LAGUNA_DRAFTER_ARCHITECTURE in archs:
         raise DFlashError(f"{source}: this is a DFlash drafter ({', '.join(archs)}), not a target model")
     if model_type not in FAMILIES:
         raise DFlashError(f"{source}: unknown architecture model_type={model_type!r} architectures={archs} "
@@ -98,6 +99,20 @@ def parse_drafter_config(data: dict[str, Any], source: str) -> DrafterConfig:
     """A DFlash drafter's config.json, with the defaults and layout of the config class its model_type names."""
     family = FAMILIES.get(data.get("model_type", DRAFTER_DEFAULT_FAMILY), FAMILIES[DRAFTER_DEFAULT_FAMILY])
     return DrafterConfig.from_dict(data, source, family)
+
+
+def build_drafter(cfg: DrafterConfig, tp=None):
+    """The drafter model class its config's architectures name (TensorRT-LLM's `_build_dflash_draft` chooses so too);
+    torch is imported here, not when a config is read. tp: distributed.parallel.Parallel, None for one rank."""
+    from ..distributed.parallel import SINGLE
+
+    if cfg.laguna_drafter:
+        from .laguna_drafter import LagunaDrafter
+
+        return LagunaDrafter(cfg, tp or SINGLE)
+    from .drafter import DFlashDrafter
+
+    return DFlashDrafter(cfg, tp or SINGLE)
 
 
 def read_as_transformers(model_type: str, data: dict[str, Any]) -> dict[str, Any] | None:

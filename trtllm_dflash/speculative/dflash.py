@@ -34,7 +34,8 @@ class DFlashProposer(Proposer):
     The block's own K/V are scratch inside one drafting pass and never stored, so "cropping
     the draft cache to the context" costs nothing. Context K/V of every layer are written into the paged
     pool by the fused `trtllm_dflash::context_kv` op ("op": Triton on CUDA, PyTorch elsewhere), by the
-    Triton kernel directly ("triton"), or layer by layer in PyTorch ("unfused", also used for biased drafters).
+    Triton kernel directly ("triton"), or layer by layer in PyTorch ("unfused", also used for biased drafters and
+    Laguna's: the op computes DFlash's projection only).
     """
 
     def __init__(self, drafter: DFlashDrafter, target: TargetModel, context_kv: str = "op"):
@@ -45,7 +46,7 @@ class DFlashProposer(Proposer):
         self.capture_layer_ids = tuple(cfg.target_layer_ids)
         self.max_block_size = cfg.block_size
         self.mask_token_id = cfg.mask_token_id
-        fusable = not cfg.attention_bias
+        fusable = not cfg.attention_bias and not cfg.laguna_drafter
         self.context_kv = context_kv if fusable else "unfused"
         self.stacked = context_kv_weights(drafter) if self.context_kv != "unfused" else None
         self.cache: KVCache | None = None

@@ -14,7 +14,7 @@ from ...checkpoint.loader import DTYPES, check_weights
 from ...config.manifest import Manifest
 from ...config.model import read_config_json
 from ...config.pairing import validate_pair
-from ...models.drafter import DFlashDrafter
+from ...models.registry import build_drafter
 from ...models.registry import parse_drafter_config
 from ...utils.errors import DFlashError
 from .engine import OPTIONS, options_at
@@ -30,7 +30,7 @@ def check_trtllm(engine_dir: Path, manifest: Manifest) -> list[str]:
     validate_pair(target, drafter)
     tensors = load_tensors(engine_dir / "drafter")
     with torch.device("meta"):
-        check_weights(DFlashDrafter(drafter), tensors, engine_dir / "drafter")
+        check_weights(build_drafter(drafter), tensors, engine_dir / "drafter")
     check_drafter_dtype(tensors, manifest.dtype, engine_dir / "drafter")
     table, lines = built_table(manifest)
     options = yaml.safe_load((engine_dir / OPTIONS).read_text())
