@@ -105,8 +105,9 @@ def write_drafter(path: Path, cfg: dict | None = None, weights: dict | None = No
 def laguna_drafter_config(window: int = 3, **extra) -> dict:
     """A tiny Laguna DFlash drafter as published (vLLM's architecture name, model_type llama): a causal sliding layer
     with a window shorter than a block, then a full one."""
-    return drafter_config(architectures=["DFlashLagunaForCausalLM"], model_type="llama", gating=True,
-                          layer_types=["sliding_attention", "full_attention"], sliding_window=window, **extra)
+    laguna = dict(architectures=["DFlashLagunaForCausalLM"], model_type="llama", gating=True,
+                  layer_types=["sliding_attention", "full_attention"], sliding_window=window)
+    return drafter_config(**{**laguna, **extra})
 
 
 def laguna_drafter_weights(cfg: dict, seed: int = 0, fused_qkv: bool = True) -> dict[str, torch.Tensor]:
