@@ -8,6 +8,7 @@ checkpoint is the multimodal one, in the published layout (`language_model.model
 for token with transformers' own greedy `generate`.
 """
 
+import copy
 import json
 
 import pytest
@@ -179,12 +180,12 @@ def quantize(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
 def test_fp8_block_scaled_checkpoint_loads_dequantized(target, tmp_path):
     """As DeepSeek-V3 publishes: projections and experts float8_e4m3fn with `weight_scale_inv` per 4 x 4 block
     (partial blocks at the edges), an MTP layer at index num_hidden_layers: the model loads each weight as fp8 x its
-    block's scale, drops the MTP layer, and its logits equal transformers' on that dequantized checkpoint."""
+    block's scale, drops the MTP layer, and its logits equal transformers' on that dequantized checkpoint. Kimi-K2.5
+    in that format keeps its quantization_config on the wrapper (top level), beside text_config."""
     import transformers as tf
 
     hf, path, _ = target
-    if hf.config.model_type != "deepseek_v3":
-        pytest.skip("DeepSeek-V3 publishes FP8 weights")
+    kimi = hf.config.model_type == "kimi_k25"
     tensors = load_file(str(path / "model.safetensors"))
     fp8, plain = {}, {}
     for name, t in tensors.items():
@@ -194,7 +195,7 @@ def test_fp8_block_scaled_checkpoint_loads_dequantized(target, tmp_path):
             plain[name] = q.float() * s.repeat_interleave(4, 0)[:t.shape[0]].repeat_interleave(4, 1)[:, :t.shape[1]]
         else:
             fp8[name] = plain[name] = t
-    mtp = {"model.layers.4.self_attn.kv_b_proj.weight": torch.zeros(32, 16)}
+    mtp = {} if kimi else {"model.layers.4.self_attn.kv_b_proj.weight": torch.zeros(32, 16)}
     config = json.loads((path / "config.json").read_text())
     quant = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [4, 4]}
     for d, weights, extra in (("fp8", {**fp8, **mtp}, {"quantization_config": quant}), ("plain", plain, {})):
@@ -202,13 +203,47 @@ def test_fp8_block_scaled_checkpoint_loads_dequantized(target, tmp_path):
         save_file(weights, str(tmp_path / d / "model.safetensors"))
         (tmp_path / d / "config.json").write_text(json.dumps({**config, **extra}))
     ours = load_target(tmp_path / "fp8").model
-    theirs = tf.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "plain", attn_implementation="eager").eval()
+    if kimi:  # transformers' in-memory names (published_kimi reversed)
+        theirs = copy.deepcopy(hf)
+        theirs.load_state_dict({in_memory_kimi(k): v for k, v in plain.items()}, strict=True)
+    else:
+        theirs = tf.DeepseekV3ForCausalLM.from_pretrained(tmp_path / "plain", attn_implementation="eager").eval()
     seq = torch.tensor([PROMPTS[2]])
     with torch.no_grad():
         hidden, _ = ours(seq, ForwardContext.prefill(torch.arange(seq.shape[1])[None], ours.new_cache(1, 32),
                                                      torch.arange(1), torch.tensor([seq.shape[1]])))
         torch.testing.assert_close(ours.logits(hidden), theirs(seq).logits, atol=ATOL, rtol=0)
     assert any(not torch.equal(plain[k], tensors[k]) for k in plain if k.endswith("kv_b_proj.weight"))
+
+
+def in_memory_kimi(name: str) -> str:
+    if name.startswith("language_model.model."):
+        return "model.language_model." + name[len("language_model.model."):]
+    return "lm_head.weight" if name == "language_model.lm_head.weight" else name
+
+
+# moonshotai/Kimi-K2.5's scheme: routed experts compressed-tensors pack-quantized int4, groups of 32 (see
+# models/deepseek_v3/config.py check_quantization for the source)
+KIMI_INT4 = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+             "config_groups": {"group_0": {"targets": ["Linear"], "input_activations": None,
+                                           "weights": {"num_bits": 4, "type": "int", "symmetric": True,
+                                                       "strategy": "group", "group_size": 32, "dynamic": False}}},
+             "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*", "re:.*mlp\\.(gate|up|down)_proj.*"]}
+
+
+def test_int4_compressed_tensors_is_refused_naming_the_scheme(target, drafter, tmp_path, capsys):
+    """Kimi-K2.5's published quantization_config (on the wrapper; DeepSeek-V3's at the top level too): dflash-build
+    exits 2 with one line naming the scheme, before any weight is read."""
+    from trtllm_dflash.cli.build import main as build_main
+
+    hf, path, _ = target
+    (tmp_path / "t").mkdir()
+    config = json.loads((path / "config.json").read_text())
+    (tmp_path / "t" / "config.json").write_text(json.dumps({**config, "quantization_config": KIMI_INT4}))
+    code = build_main(["--target", str(tmp_path / "t"), "--drafter", str(drafter), "--output", str(tmp_path / "o")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "Traceback" not in err[0], err
+    assert "quantization_config 'compressed-tensors' pack-quantized, int4 weights in groups of 32 is not read" in err[0]
 
 
 def test_every_acceptance_length_stays_exact(target):

@@ -215,11 +215,13 @@ class TargetConfig(DecoderConfig):
 
 
 def text_fields(data: dict[str, Any], source: str) -> dict[str, Any]:
-    """The language model's fields of a multimodal checkpoint (`text_config`), top-level EOS as fallback."""
+    """The language model's fields of a multimodal checkpoint (`text_config`), top-level EOS and quantization_config
+    as fallbacks (a wrapper's quantization_config sits on the wrapper: transformers quantizes the whole model)."""
     text = data.get("text_config")
     if not isinstance(text, dict):
         raise DFlashError(f"{source}: model_type {data.get('model_type')!r} needs a 'text_config' object, got {text!r}")
-    return {"eos_token_id": data.get("eos_token_id"), **{k: v for k, v in text.items() if v is not None}}
+    outer = {k: data.get(k) for k in ("eos_token_id", "quantization_config")}
+    return {**outer, **{k: v for k, v in text.items() if v is not None}}
 
 
 def hybrid_fields(data: dict[str, Any], source: str, fused_qkvz: bool) -> dict[str, Any]:

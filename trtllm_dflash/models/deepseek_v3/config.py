@@ -91,8 +91,35 @@ def deepseek_v3_config(data: dict[str, Any], base: dict[str, Any], source: str) 
                            qk_nope_head_dim=positive_int(data, source, "qk_nope_head_dim"),
                            qk_rope_head_dim=rope_dim, v_head_dim=positive_int(data, source, "v_head_dim"),
                            rope_interleave=bool(data.get("rope_interleave", True)), softmax_scale=0.0)
+    check_quantization(data.get("quantization_config"), source)
     return DeepseekV3Config(**{**cfg.__dict__, "softmax_scale": softmax_scale(data, cfg.qk_head_dim),
                                "fp8_block": fp8_block(data, source)})
+
+
+def check_quantization(quant: Any, source: str) -> None:
+    """FP8 block-scaled weights (quant_method "fp8", DeepSeek-V3's published format) are dequantized at load
+    (checkpoint.py); any other scheme is refused naming it. Kimi-K2.5 publishes its routed experts as compressed-tensors
+    pack-quantized int4 in groups of 32 (`weight_packed` / `weight_scale` / `weight_shape` per expert projection: the
+    byte-identical slice huggingface.co/eatang/Kimi-K2.5-2layer keeps moonshotai/Kimi-K2.5's quantization_config).
+    TensorRT-LLM's DFlash does not run either family (builder/trtllm/targets.py), so no backend here serves them."""
+    if not isinstance(quant, dict) or quant.get("quant_method") in (None, "fp8"):
+        return
+    raise DFlashError(f"{source}: quantization_config {scheme(quant)} is not read: the torch runtime loads unquantized "
+                      "or FP8 block-scaled (quant_method 'fp8') weights; dequantize the checkpoint first")
+
+
+def scheme(quant: dict[str, Any]) -> str:
+    """quantization_config in words: its method, a compressed-tensors format and each group's weights
+    ("'compressed-tensors' pack-quantized, int4 weights in groups of 32")."""
+    words = [repr(quant.get("quant_method"))]
+    if quant.get("format"):
+        words[0] += f" {quant['format']}"
+    for group in (quant.get("config_groups") or {}).values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict):
+            words.append(f"{weights.get('type')}{weights.get('num_bits')} weights in groups of "
+                         f"{weights.get('group_size')}")
+    return ", ".join(words)
 
 
 def softmax_scale(data: dict[str, Any], qk_head_dim: int) -> float:
