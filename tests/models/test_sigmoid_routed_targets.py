@@ -231,8 +231,9 @@ def test_laguna_drafter_greedy_equals_transformers(target, laguna_drafter):
 
 
 def test_laguna_drafter_builds_for_both_backends(target, laguna_drafter, tmp_path):
-    """dflash-build --backend torch and --backend trtllm accept the pair (TensorRT-LLM's DFlashLagunaForCausalLM reads
-    its architectures and the aux_hidden_norms); both engines verify."""
+    """dflash-build --backend torch (TP 2: the gates' rows split with the heads, each rank's shard checked against
+    its model) and --backend trtllm accept the pair (TensorRT-LLM's DFlashLagunaForCausalLM reads its architectures
+    and the aux_hidden_norms); both engines verify."""
     from trtllm_dflash.cli.build import main as build_main
 
     hf, path, _ = target
@@ -240,9 +241,12 @@ def test_laguna_drafter_builds_for_both_backends(target, laguna_drafter, tmp_pat
         pytest.skip("Laguna's drafter is trained for Laguna targets")
     for backend in ("torch", "trtllm"):
         out = tmp_path / backend
-        extra = ["--gpu", "b200"] if backend == "trtllm" else ["--dtype", "float32"]
+        extra = ["--gpu", "b200"] if backend == "trtllm" else ["--dtype", "float32", "--tp", "2"]
         assert build_main(["--target", str(path), "--drafter", str(laguna_drafter), "--output", str(out),
                            "--backend", backend, *extra]) == 0
         assert build_main(["verify", str(out)]) == 0
     written = load_file(str(tmp_path / "trtllm" / "drafter" / "model.safetensors"))
     assert "aux_hidden_norms.0.weight" in written and "layers.0.self_attn.g_proj.weight" in written
+    gates_name = "layers.1.self_attn.g_proj.weight"  # [heads, hidden]: rank r holds heads 2r, 2r + 1
+    gates = [load_file(str(tmp_path / "torch" / "drafter" / f"rank{r}.safetensors"))[gates_name] for r in range(2)]
+    assert torch.equal(torch.cat(gates), load_file(str(laguna_drafter / "model.safetensors"))[gates_name])
