@@ -41,7 +41,8 @@ def rope(k: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor
 @pytest.fixture(scope="module")
 def drafter(tmp_path_factory):
     path = write_laguna_drafter(tmp_path_factory.mktemp("laguna-drafter") / "d", seed=4)
-    return load_drafter(path), load_file(str(path / "model.safetensors")), json.loads((path / "config.json").read_text())
+    config = json.loads((path / "config.json").read_text())
+    return load_drafter(path), load_file(str(path / "model.safetensors")), config
 
 
 def test_context_kv_is_upstreams(drafter):

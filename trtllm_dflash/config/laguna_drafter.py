@@ -31,11 +31,11 @@ def check_laguna_drafter(data: dict[str, Any], dflash: dict[str, Any], source: s
                           "TensorRT-LLM's DFlashLagunaForCausalLM)")
     for key in ("num_attention_heads_per_layer", "num_key_value_heads_per_layer"):
         per_layer = data.get(key)
-        if per_layer is not None and (not isinstance(per_layer, list) or len(set(per_layer)) > 1):
+        if per_layer is not None and (not isinstance(per_layer, list) or any(h != per_layer[0] for h in per_layer)):
             raise DFlashError(f"{source}: field '{key}' must be one head count for every drafter layer, got "
                               f"{per_layer!r}")
     mlp = data.get("mlp_layer_types")
-    if data.get("num_experts") or (mlp is not None and set(mlp) != {"dense"}):
+    if data.get("num_experts") or (mlp is not None and (not isinstance(mlp, list) or set(map(str, mlp)) != {"dense"})):
         raise DFlashError(f"{source}: a Laguna drafter with experts (num_experts {data.get('num_experts')!r}, "
                           f"mlp_layer_types {mlp!r}) is not supported: its layers are dense")
     causal = dflash.get("causal", dflash.get("is_causal", data.get("is_causal")))

@@ -17,10 +17,10 @@ from ..utils.errors import DFlashError
 from .dflash2 import ARCHITECTURE as DFLASH2_ARCHITECTURE
 from .dflash2 import KEYS as DFLASH2_KEYS
 from .dflash2 import DFlash2Config, is_dflash2
-from .laguna_drafter import ARCHITECTURE as LAGUNA_DRAFTER_ARCHITECTURE
-from .laguna_drafter import check_laguna_drafter, is_laguna_drafter
 from .family import Family, attention_layout, read_as_transformers, with_defaults
 from .fields import Fields, token_ids
+from .laguna_drafter import ARCHITECTURE as LAGUNA_DRAFTER_ARCHITECTURE
+from .laguna_drafter import check_laguna_drafter, is_laguna_drafter
 from .moe import MoeConfig
 from .rope import RopeConfig, rope_params
 

@@ -1,4 +1,4 @@
-"""Laguna's DFlash drafter: models/drafter.py's drafter with the three changes of config/laguna_drafter.py.
+"""Laguna's DFlash drafter: models/drafter.py's drafter with the changes config/laguna_drafter.py lists.
 
 As TensorRT-LLM computes them (NVIDIA/TensorRT-LLM@009d8fa4, `tensorrt_llm/_torch/models/modeling_dflash.py`):
 - `project_target_hidden`: each captured target layer's hidden state through its own RMSNorm

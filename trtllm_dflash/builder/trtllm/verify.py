@@ -14,8 +14,7 @@ from ...checkpoint.loader import DTYPES, check_weights
 from ...config.manifest import Manifest
 from ...config.model import read_config_json
 from ...config.pairing import validate_pair
-from ...models.registry import build_drafter
-from ...models.registry import parse_drafter_config
+from ...models.registry import build_drafter, parse_drafter_config
 from ...utils.errors import DFlashError
 from .engine import OPTIONS, options_at
 from .fields import check_options
