@@ -26,17 +26,22 @@ up on them only).
 --draft-len auto,15: one DFlash server per value, every point on each, and each server's ratio over the best of
 the others too ("over_best": auto against the better of plain and a fixed draft length, per repeat).
 --control: the "dflash" server serves plain decoding too, so the ratio compares two equal servers: what this
-machine's spread makes of parity.
+machine's spread makes of parity. --control-pair: a second plain server ("plain-2") beside the others in the same
+run, every point on it too: its ratio to "plain" is the parity spread of these very repeats (it is never the "best"
+a DFlash server is compared with).
+--load: a dedicated busy second process (one spinning Python thread) for the whole run.
 Writes benchmarks/results/serve_dflash_vs_plain.json (or --output) and prints a table last.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +50,7 @@ import urllib.request
 from pathlib import Path
 
 OUT = Path(__file__).parent / "results" / "serve_dflash_vs_plain.json"
+CONTROL = "plain-2"  # --control-pair's second plain server
 NEW_TOKENS = 128
 CONTEXTS = {"short": None, "1024": 1024}  # None: held-out snippets as they are
 
@@ -167,9 +173,22 @@ def warm_up(url: str, prompts: dict, per_context: int) -> None:
             post(url, {"text_input": text, "sampling_param_max_tokens": NEW_TOKENS, "sampling_param_ignore_eos": True})
 
 
-def server_names(draft_lens: list[str]) -> list[str]:
-    """"plain", then one DFlash server per --draft-len value ("dflash" alone when there is one)."""
-    return ["plain"] + (["dflash"] if len(draft_lens) == 1 else [f"dflash-{k}" for k in draft_lens])
+def server_names(draft_lens: list[str], control_pair: bool = False) -> list[str]:
+    """"plain" (and CONTROL), then one DFlash server per --draft-len value ("dflash" alone when there is one)."""
+    return ["plain"] + [CONTROL] * control_pair + (["dflash"] if len(draft_lens) == 1 else
+                                                   [f"dflash-{k}" for k in draft_lens])
+
+
+class BusyProcess:
+    """A dedicated second process spinning one Python thread while the `with` block runs: one core of load."""
+
+    def __enter__(self):
+        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        return self
+
+    def __exit__(self, *exc):
+        self.proc.kill()
+        self.proc.wait()
 
 
 def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
@@ -177,12 +196,12 @@ def run_repeat(engine, root, args, prompts, rep: int) -> list[dict]:
     and between repeats."""
     from trtllm_dflash.serve.server import stop_server
 
-    names = server_names(args.draft_len)
-    lens = dict(zip(names[1:], args.draft_len))
+    names = server_names(args.draft_len, args.control_pair)
+    lens = dict(zip([n for n in names if not n.startswith("plain")], args.draft_len))
     servers = {}
     try:
         for name in names[rep % len(names):] + names[:rep % len(names)]:
-            served = "plain" if args.control or name == "plain" else "dflash"  # --control: plain under every name
+            served = "plain" if args.control or name in ("plain", CONTROL) else "dflash"  # --control: all plain
             servers[name] = serve(engine, root, served, lens.get(name, "auto"), args.threads, name=name)
         for _, ends in servers.values():
             warm_up(f"{ends.http_url}/v2/models/m/generate", prompts, args.warmup)
@@ -209,8 +228,9 @@ def spread(values: list[float]) -> dict:
 
 
 def summarize(rows: list[dict], repeats: int, names: list[str]) -> list[dict]:
-    """Per point: each DFlash server's tokens/s over plain's per repeat, and (several DFlash servers) over the
-    best of the other servers in the same repeat ("over_best": never slower than plain nor than a fixed length)."""
+    """Per point: each server's tokens/s over plain's per repeat (CONTROL's: the parity spread), and (several
+    DFlash servers) over the best of the other servers but CONTROL in the same repeat ("over_best": never slower
+    than plain nor than a fixed length)."""
     table = []
     keys = sorted({(r["context"], r["concurrency"]) for r in rows}, key=lambda k: (k[0] != "short", k[1]))
     for context, c in keys:
@@ -224,8 +244,9 @@ def summarize(rows: list[dict], repeats: int, names: list[str]) -> list[dict]:
             entry[name] = {"over_plain": spread([tps(name, i) / tps("plain", i) for i in range(repeats)]),
                            "draft_len_mean": [r["draft_len_mean"] for r in mine],
                            "plain_step_share": [r["plain_step_share"] for r in mine]}
-            if len(names) > 2:
-                entry[name]["over_best"] = spread([tps(name, i) / max(tps(n, i) for n in names if n != name)
+            rivals = [n for n in names if n not in (name, CONTROL)]
+            if len(rivals) > 1 and name != CONTROL:
+                entry[name]["over_best"] = spread([tps(name, i) / max(tps(n, i) for n in rivals)
                                                    for i in range(repeats)])
         table.append(entry)
     return table
@@ -244,6 +265,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="16 prompts per context (a smoke run)")
     p.add_argument("--control", action="store_true",
                    help="serve plain decoding in the 'dflash' server too: what the ratio reads between equal servers")
+    p.add_argument("--control-pair", action="store_true", help=f"a second plain server ({CONTROL!r}) beside the others")
+    p.add_argument("--load", action="store_true", help="a dedicated busy second process for the whole run")
     p.add_argument("--output", default=str(OUT))
     args = p.parse_args()
     args.concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -265,17 +288,21 @@ def main() -> None:
         engine = served_engine(root, max(args.concurrency), "benchmarks/serve_dflash_vs_plain.py")
         prompts = prompt_sets(AutoTokenizer.from_pretrained(stdlib_pair()[0]), args.quick)
         prompts = {context: prompts[context] for context in args.contexts}
-        rows = []
-        for rep in range(args.repeats):
-            print(f"repeat {rep + 1}/{args.repeats}", file=sys.stderr, flush=True)
-            rows += run_repeat(engine, root, args, prompts, rep)
-        names = server_names(args.draft_len)
+        rows, load_start = [], os.getloadavg()
+        with BusyProcess() if args.load else contextlib.nullcontext():
+            for rep in range(args.repeats):
+                print(f"repeat {rep + 1}/{args.repeats}, load average {os.getloadavg()[0]:.1f}", file=sys.stderr,
+                      flush=True)
+                rows += run_repeat(engine, root, args, prompts, rep)
+        names = server_names(args.draft_len, args.control_pair)
         logs = {d: (root / f"server-{d}.log").read_text()[-4000:] for d in names}
     table = summarize(rows, args.repeats, names)
     record = {"command": "python " + " ".join(sys.argv), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "threads": args.threads,
                           "python": platform.python_version(), "torch": torch.__version__,
+                          "load_average_at_start": load_start,
                           "load_average_at_end": os.getloadavg()},
+              "background_load": "a dedicated busy python process for the whole run" if args.load else None,
               "engine": "built-in stdlib pair, torch backend, float32, TP 1, block 16, max_batch_size "
                         f"{max(args.concurrency)}", "new_tokens": NEW_TOKENS, "draft_len": args.draft_len,
               "control": args.control,

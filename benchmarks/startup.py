@@ -5,6 +5,7 @@
                                  [--shapes builtin|qwen3-8b|tiny] [--output benchmarks/results/startup_cpu.json]
     python benchmarks/startup.py --gpu --shapes qwen3-8b --step-modes cuda-graphs --cold-repeats 0 --serve  # a lease
     python benchmarks/startup.py --shapes tiny --repeats 1 --cold-repeats 1   # a smoke run of the random pair (CPU)
+    python benchmarks/startup.py --step-modes eager --draft-len auto --serve --threads 1 --load  # a user's default
 
 --shapes: the built-in pair in float32 (default), or gpu_decode.py's random-weight pair written as checkpoints
 (config.json, model.safetensors, a word-level tokenizer over the vocabulary) and built as a published pair is:
@@ -13,13 +14,16 @@ Qwen3-8B shapes in bfloat16 with a 5-layer drafter, or its tiny smoke shapes in 
 cold: the engine without stored graphs and an empty TORCHINDUCTOR_CACHE_DIR (every graph compiled, as before
 `dflash-build compile` existed). warm: the engine after `dflash-build compile`, copied to a new path each run, and
 an empty TORCHINDUCTOR_CACHE_DIR (the graphs come from the engine alone). Both run with a fixed `--draft-len`, so
-neither calibrates: the graphs are what differs. Every run's output is checked equal to eager's; a warm run must
+neither calibrates: the graphs are what differs. `--step-modes eager` compiles nothing (its runs are "warm" only),
+and `--draft-len auto` starts as a default `dflash-serve` does; `--load` keeps a dedicated busy second process
+running throughout (serve_dflash_vs_plain.BusyProcess). Every run's output is checked equal to eager's; a warm run must
 print no fall-back warning. Medians of --repeats with min and max; the JSON keeps the command and the device.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -41,11 +45,12 @@ def env(cache: Path) -> dict:
     return {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache), "PYTHONPATH": str(ROOT)}
 
 
-def generate(engine: Path, mode: str, device: str, threads: int, cache: Path) -> tuple[float, list[int], str]:
+def generate(engine: Path, mode: str, device: str, threads: int, cache: Path,
+             draft_len: str = DRAFT_LEN) -> tuple[float, list[int], str]:
     """-> (seconds to exit, output ids, stderr)."""
     command = [sys.executable, "-m", "trtllm_dflash.cli.generate", "--engine", str(engine), "--step-mode", mode,
                "--device", device, "--threads", str(threads), "--prompt-ids", PROMPT, "--max-new-tokens",
-               str(NEW_TOKENS), "--ignore-eos", "--draft-len", DRAFT_LEN, "--json"]
+               str(NEW_TOKENS), "--ignore-eos", "--draft-len", draft_len, "--json"]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, env=env(cache))
     seconds = time.perf_counter() - start
@@ -54,14 +59,15 @@ def generate(engine: Path, mode: str, device: str, threads: int, cache: Path) ->
     return seconds, json.loads(done.stdout)["output_ids"], done.stderr
 
 
-def serve(engine: Path, mode: str, threads: int, cache: Path, work: Path) -> tuple[float, str]:
+def serve(engine: Path, mode: str, threads: int, cache: Path, work: Path,
+          draft_len: str = DRAFT_LEN) -> tuple[float, str]:
     """-> (seconds until ready, the server's stderr up to then); the server is stopped after."""
     from trtllm_dflash.engine.loader import free_port
 
     ports = [str(free_port()) for _ in range(3)]
     log = work / f"serve-{time.monotonic_ns()}.log"
     command = [sys.executable, "-m", "trtllm_dflash.cli.serve", str(engine), "--model-repo", str(work / "repo"),
-               "--step-mode", mode, "--threads", str(threads), "--draft-len", DRAFT_LEN, "--http-port", ports[0],
+               "--step-mode", mode, "--threads", str(threads), "--draft-len", draft_len, "--http-port", ports[0],
                "--grpc-port", ports[1], "--metrics-port", ports[2]]
     start = time.perf_counter()
     with open(log, "w") as err:
@@ -130,7 +136,7 @@ def measure(base: Path, compiled: Path, mode: str, args, work: Path, eager_ids: 
         for r in range(args.cold_repeats if phase == "cold" else args.repeats):
             engine = Path(shutil.copytree(base if phase == "cold" else compiled, work / f"{phase}-{mode}-{r}" / "e"))
             cache = Path(tempfile.mkdtemp(dir=work, prefix="inductor-"))  # empty
-            seconds, ids, err = generate(engine, mode, args.device, args.threads, cache)
+            seconds, ids, err = generate(engine, mode, args.device, args.threads, cache, args.draft_len)
             if ids != eager_ids:
                 sys.exit(f"startup.py: {phase} {mode} output differs from eager: {ids} vs {eager_ids}")
             if phase == "warm" and FALLBACK in err:
@@ -138,11 +144,24 @@ def measure(base: Path, compiled: Path, mode: str, args, work: Path, eager_ids: 
             runs.setdefault(f"generate_{phase}", []).append(seconds)
             if args.serve:
                 cache = Path(tempfile.mkdtemp(dir=work, prefix="inductor-"))
-                seconds, err = serve(engine, mode, args.threads, cache, work)
+                seconds, err = serve(engine, mode, args.threads, cache, work, args.draft_len)
                 runs.setdefault(f"serve_{phase}", []).append(seconds)
                 runs.setdefault(f"serve_{phase}_log", []).append(
                     next((line for line in err.splitlines() if "start-up:" in line), ""))
     return {k: summary(v) if k.endswith(("cold", "warm")) else v for k, v in runs.items()}
+
+
+def measure_mode(base: Path, mode: str, args, work: Path, eager_ids: list[int]) -> dict:
+    """`dflash-build compile` of a copy (not for eager, which compiles nothing), then `measure`."""
+    if mode == "eager":
+        return measure(base, base, mode, argparse.Namespace(**{**vars(args), "cold_repeats": 0}), work, eager_ids)
+    compiled = Path(shutil.copytree(base, work / f"compiled-{mode}" / "e"))
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.build", "compile", str(compiled), "--device",
+                    args.device, "--step-mode", mode, "--threads", str(args.threads), "--no-calibrate"],
+                   check=True, env=env(work / f"inductor-build-{mode}"))
+    return {"dflash_build_compile_s": time.perf_counter() - start,
+            **measure(base, compiled, mode, args, work, eager_ids)}
 
 
 def main() -> None:
@@ -156,6 +175,9 @@ def main() -> None:
     p.add_argument("--serve", action="store_true", help="also time dflash-serve to ready (needs tritonserver)")
     p.add_argument("--shapes", choices=SHAPES, default="builtin",
                    help="the pair: built-in (float32), or random weights at Qwen3-8B shapes (bfloat16) or tiny ones")
+    p.add_argument("--draft-len", default=DRAFT_LEN, help=f"--draft-len of every run (default {DRAFT_LEN}; auto: a "
+                   "default dflash-serve's); eager's output is the reference either way")
+    p.add_argument("--load", action="store_true", help="a dedicated busy second process for the whole run")
     p.add_argument("--output", type=Path)
     args = p.parse_args()
     if args.gpu:
@@ -164,7 +186,9 @@ def main() -> None:
     cuda = args.device.startswith("cuda")
     modes = (args.step_modes or ("cuda-graphs,compile" if cuda else "compile")).split(",")
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(Path(__file__).parent))
     import torch
+    from serve_dflash_vs_plain import BusyProcess
     from trtllm_dflash.engine.calibrate import device_name
 
     from trtllm_dflash.builder.builder import build_engine
@@ -178,18 +202,14 @@ def main() -> None:
     eager_ids = generate(base, "eager", args.device, args.threads, work / "inductor-eager")[1]
     record = {"command": "python " + " ".join(sys.argv), "shapes": args.shapes,
               "device": device_name(torch.device(args.device)), "torch": torch.__version__, "threads": args.threads,
-              "repeats": args.repeats, "cold_repeats": args.cold_repeats,
+              "repeats": args.repeats, "cold_repeats": args.cold_repeats, "draft_len": args.draft_len,
+              "background_load": "a dedicated busy python process for the whole run" if args.load else None,
               "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "load_average_before": os.getloadavg(), "modes": {}}
-    for mode in modes:
-        compiled = Path(shutil.copytree(base, work / f"compiled-{mode}" / "e"))
-        start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "trtllm_dflash.cli.build", "compile", str(compiled), "--device",
-                        args.device, "--step-mode", mode, "--threads", str(args.threads), "--no-calibrate"],
-                       check=True, env=env(work / f"inductor-build-{mode}"))
-        record["modes"][mode] = {"dflash_build_compile_s": time.perf_counter() - start,
-                                 **measure(base, compiled, mode, args, work, eager_ids)}
-        print(json.dumps({mode: record["modes"][mode]}), flush=True)
+    with BusyProcess() if args.load else contextlib.nullcontext():
+        for mode in modes:
+            record["modes"][mode] = measure_mode(base, mode, args, work, eager_ids)
+            print(json.dumps({mode: record["modes"][mode]}), flush=True)
     record["load_average_after"] = os.getloadavg()
     text = json.dumps(record, indent=1) + "\n"
     if args.output:

@@ -205,3 +205,14 @@ def test_the_probes_fit_a_small_kv_pool_and_never_hit_the_prefix_cache(builtin):
     assert gen.pool.prefix_caching and gen.pool.hit_requests == 0 and gen.pool.used() == 0
     gen.allocate(8, 256, gen.block, num_blocks=held)  # one probe at a time: nothing to group
     assert fixed_cost(gen) == 0.0
+
+
+def test_the_probes_fit_one_prefill_of_max_num_tokens(builtin):
+    """`--max-num-tokens` below PROBE_TOKENS: a longer probe prompt would be staged (one at a time), so eight could
+    not be admitted at once; the probes are that short instead, none staged, none left running."""
+    from trtllm_dflash.serve.admission import PROBE_TOKENS
+
+    gen = load_pipeline(*builtin).generator
+    gen.max_num_tokens = PROBE_TOKENS // 2
+    gen.allocate(8, 256, gen.block)
+    assert fixed_cost(gen) >= 0.0 and not gen.slots.running and not gen.staged

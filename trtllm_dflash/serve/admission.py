@@ -52,12 +52,14 @@ class AdmissionSettings:
 def fixed_cost(generator, repeats: int = 3, clock=time.perf_counter) -> float:
     """Seconds per admission call that admitting N requests at once saves over N calls of one: from the medians
     of timed admissions of 1 and of N = min(PROBE_ROWS, slots) PROBE_TOKENS-token prompts (fewer where the
-    engine's sequences are shorter), (N a1 - aN) / (N - 1),
+    engine's sequences or `max_num_tokens` are shorter), (N a1 - aN) / (N - 1),
     at least 0. The generator must be allocated and idle; each probe request emits its one token at admission
     and leaves, and the draft-length policy is set aside meanwhile (it learns nothing from these)."""
     if generator.slots is None or generator.slots.running:
         raise DFlashError("measuring the admission cost needs an allocated, idle generator")
     tokens = min(PROBE_TOKENS, generator.capacity - generator.block - 2)  # a probe's prompt must fit the engine
+    if generator.max_num_tokens is not None:  # ... and one prefill: a longer prompt is staged, one at a time
+        tokens = min(tokens, generator.max_num_tokens)
     held = blocks_for(generator.first_positions(tokens))  # KV blocks one probe holds while admitted
     rows = min(PROBE_ROWS, generator.slots.usable, generator.pool.num_blocks // held)  # ... and the pool, all rows
     if rows < 2 or tokens < 1:  # one slot: there is never a second request to admit with the first
