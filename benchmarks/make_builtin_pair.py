@@ -2,12 +2,14 @@
 
     python benchmarks/make_builtin_pair.py --stage target --out /tmp/pair   # tokenizer + target
     python benchmarks/make_builtin_pair.py --stage drafter --out /tmp/pair  # dflash-train (prints its command)
+    python benchmarks/make_builtin_pair.py --stage drafter-dflash2 --out /tmp/pair  # the same, --method dflash2
 
 1. A byte-level BPE tokenizer (2048 tokens, `tokenizers`) on the training files of this Python's
    stdlib sources (trtllm_dflash/train/corpus.py: 1 file in 16 is held out by a path hash).
 2. A 6-layer Qwen3 target (transformers' Qwen3ForCausalLM) pre-trained on those files, seed 0.
 3. A DFlash drafter trained with `dflash-train` against that target on prompts cut from the
    training files (prompts.jsonl, written here), seed 0.
+4. A DFlash2 drafter trained by the same two commands with `--method dflash2` (drafter_dflash2/).
 Writes <out>/recipe.json with every setting and the Python version (the corpus is that version's
 stdlib). Seeds make each stage deterministic on one machine; BLAS kernels may differ across CPUs.
 """
@@ -65,19 +67,21 @@ DRAFTER_ARGS = ["--num-layers", "2", "--block-size", "16", "--target-layer-ids",
 CONTINUE_TO = 1400  # steps of the second phase (see make_drafter)
 
 
-def make_drafter(out: Path, threads: int) -> None:
-    cmd = ["dflash-train", "--target", str(out / "target"), "--output", str(out / "drafter"),
-           "--data", str(out / "prompts.jsonl"), *DRAFTER_ARGS]
+def make_drafter(out: Path, threads: int, method: str = "dflash") -> None:
+    name = "drafter" if method == "dflash" else "drafter_dflash2"
+    cmd = ["dflash-train", "--target", str(out / "target"), "--output", str(out / name),
+           "--data", str(out / "prompts.jsonl"), *DRAFTER_ARGS, *(["--method", method] if method != "dflash" else [])]
     # Second phase: --resume with a longer run (a warm restart of the cosine schedule at step 600).
     # The shipped drafter was made this way, in two phases, because the first one was cut to fit the time
     # of the session that made it; both commands together reproduce it exactly.
     steps_at = cmd.index("--steps") + 1
     more = [*cmd[:steps_at], str(CONTINUE_TO), *cmd[steps_at + 1:], "--resume"]
     exe = shutil.which("dflash-train") or str(Path(sys.executable).with_name("dflash-train"))
+    start = time.time()
     for command in (cmd, more):
         print("$ " + shlex.join(command), flush=True)
         subprocess.run([exe, *command[1:]], check=True, env={**os.environ, "OMP_NUM_THREADS": str(threads)})
-    record(out, "drafter", {"commands": [shlex.join(cmd), shlex.join(more)]})
+    record(out, name, {"commands": [shlex.join(cmd), shlex.join(more)], "wall_s": time.time() - start})
 
 
 def record(out: Path, stage: str, info: dict) -> None:
@@ -91,7 +95,7 @@ def record(out: Path, stage: str, info: dict) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--stage", choices=["target", "drafter"], required=True)
+    p.add_argument("--stage", choices=["target", "drafter", "drafter-dflash2"], required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--threads", type=int, default=1, help="torch threads (1 avoids barrier stalls on busy machines)")
     p.add_argument("--target-steps", type=int, default=PRETRAIN.steps,
@@ -102,7 +106,7 @@ def main() -> None:
     if args.stage == "target":
         make_target(args.out, args.target_steps)
     else:
-        make_drafter(args.out, args.threads)
+        make_drafter(args.out, args.threads, "dflash2" if args.stage == "drafter-dflash2" else "dflash")
 
 
 if __name__ == "__main__":

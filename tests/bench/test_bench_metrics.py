@@ -327,3 +327,13 @@ def test_a_prompt_that_cannot_be_made_ends_the_phase_with_its_error():
     with pytest.raises(DFlashError, match="exactly 7 tokens"):
         asyncio.run(runner.run(Phase(LoadPoint(1), 10, None, 0, "c1"), seen.append))
     assert [r.index for r in seen] == [0, 1, 2]  # the requests before it were measured and handed over
+
+
+def test_the_drafter_method_is_read_from_the_info_gauge():
+    """The label of the gauge at 1, whatever the other labels and their order; none when the server names none."""
+    text = ('# HELP dflash_drafter_info the drafting method this server runs\n# TYPE dflash_drafter_info gauge\n'
+            'dflash_drafter_info{model="dflash",method="dflash2",version="1"} 1\n'
+            'dflash_requests_total{model="dflash",version="1"} 3\n')
+    assert counters.drafter_method(text) == "dflash2"
+    assert counters.drafter_method(text.replace("} 1\n", "} 0\n", 1)) is None
+    assert counters.drafter_method("dflash_requests_total 3\n") is None

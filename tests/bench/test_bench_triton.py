@@ -46,6 +46,7 @@ def rows_by_point(run):
 def check_run(run, srv, points, per_point):
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["status"] == "complete" and manifest["num_gpus"] == 1
+    assert manifest["drafter_method"] == "dflash"  # the server's dflash_drafter_info names its drafter's method
     assert manifest["engine"]["manifest_sha256"] == sha256_file(srv["engine"] / "manifest.json")
     summary = json.loads((run / "summary.json").read_text())["points"]
     rows = rows_by_point(run)
@@ -118,7 +119,7 @@ def test_sweep_then_report_on_the_real_server(server, tmp_path, capsys):
     md = (rep / "report.md").read_text()
     for png in PNGS:
         assert (rep / png).read_bytes()[:4] == b"\x89PNG" and f"]({png})" in md
-    assert "| http | complete | triton-http | dflash | 24 / 16 |" in md
+    assert "| http | complete | triton-http | dflash | dflash | 24 / 16 |" in md  # model, then the drafter method
 
 
 def test_cpu_preset_sweeps_the_builtin_engine(server, tmp_path):

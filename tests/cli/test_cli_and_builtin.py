@@ -68,9 +68,11 @@ def test_fitted_drafter_accepts_far_more_than_an_untrained_one(builtin):
         assert a.output_ids == b.output_ids == c.output_ids
 
 
-def test_shipped_pair_is_exact_and_accepts():
-    """`builtin` is the shipped stdlib pair: greedy DFlash equals transformers' greedy decoding on a
-    held-out prompt, and its drafter is accepted (tau well above an untrained drafter's 1)."""
+@pytest.mark.parametrize("drafter, method", [("builtin", "dflash"), ("builtin-dflash2", "dflash2")])
+def test_shipped_pair_is_exact_and_accepts(drafter, method):
+    """`builtin` is the shipped stdlib pair (`builtin-dflash2` its DFlash2 drafter): greedy decoding equals
+    transformers' greedy decoding on a held-out prompt, and the drafter is accepted (tau well above an untrained
+    drafter's 1)."""
     from helpers.oracle import hf_greedy
     from transformers import AutoModelForCausalLM
 
@@ -79,9 +81,10 @@ def test_shipped_pair_is_exact_and_accepts():
     text = held_out_texts(1)[0]
     # the whole block every step: --draft-len auto picks k from this machine's timings, so its tau is not a
     # property of the drafter (1.88 at a busy CI's shorter drafts)
-    out = generate_json("--target", "builtin", "--drafter", "builtin", "--prompt", text, "--max-new-tokens", "48",
+    out = generate_json("--target", "builtin", "--drafter", drafter, "--prompt", text, "--max-new-tokens", "48",
                         "--ignore-eos", "--draft-len", "15")
-    target, _ = stdlib_pair()
+    target, path = stdlib_pair(method)
+    assert json.loads((path / "config.json").read_text())["architectures"][0].lower().startswith(method)
     hf = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
     tokenizer = load_target(target).tokenizer
     prompt = tokenizer(text, add_special_tokens=False)["input_ids"]

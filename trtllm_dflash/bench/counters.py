@@ -24,6 +24,8 @@ COUNTERS = {
     "prefix_tokens": "dflash_prefix_cache_queried_tokens_total",
     "preemptions": "dflash_preemptions_total",
 }
+DRAFTER_INFO = "dflash_drafter_info"  # a gauge of 1 whose label `method` names the drafting method (or none)
+METHOD_LABEL = re.compile(r'method="([^"]*)"')
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
@@ -39,6 +41,17 @@ def parse_prometheus(text: str) -> dict[str, float]:
                 continue
             values[match.group(1)] = values.get(match.group(1), 0.0) + value
     return values
+
+
+def drafter_method(text: str) -> str | None:
+    """The drafting method a dflash server names in its metrics (dflash, dflash2, none); None when it names none."""
+    for line in text.splitlines():
+        match = SAMPLE.match(line)
+        if match and match.group(1) == DRAFTER_INFO and match.group(2) and float(match.group(3)) == 1:
+            method = METHOD_LABEL.search(match.group(2))
+            if method:
+                return method.group(1)
+    return None
 
 
 def snapshot(metrics: dict[str, float]) -> dict[str, float] | None:

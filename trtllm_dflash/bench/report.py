@@ -170,12 +170,14 @@ def markdown(report: Report, runs: list[Run], spec: ReportSpec) -> str:
 
 
 def runs_table(runs: list[Run]) -> str:
-    lines = ["| label | status | API | model | ISL / OSL | GPUs | engine manifest | directory |", "|---" * 8 + "|"]
+    lines = ["| label | status | API | model | drafter | ISL / OSL | GPUs | engine manifest | directory |",
+             "|---" * 9 + "|"]
     for run in runs:
         s, engine = run.manifest.get("settings", {}), run.manifest.get("engine") or {}
         shape = f"dataset {Path(s['dataset']).name}" if s.get("dataset") else f"{s.get('isl')} / {s.get('osl')}"
         digest = engine.get("manifest_sha256", "")[:12] or NA
-        lines.append(f"| {run.label} | {run.status} | {s.get('api')} | {s.get('model')} | {shape} | "
+        method = run.manifest.get("drafter_method") or NA  # the server's dflash_drafter_info metric
+        lines.append(f"| {run.label} | {run.status} | {s.get('api')} | {s.get('model')} | {method} | {shape} | "
                      f"{run.manifest.get('num_gpus')} | {digest} | `{run.dir}` |")
     return "\n".join(lines)
 

@@ -106,6 +106,7 @@ class Sweep:
         self.metrics_url = self.metrics_candidates[0] if self.metrics_candidates else None  # until found
         self.next_prompt = 0
         self.warned_counters = False
+        self.drafter_method: str | None = None  # as the server's metrics name it (counters.drafter_method)
 
     def warn(self, message: str) -> None:
         self.log(f"dflash-bench: warning: {message}")
@@ -117,6 +118,7 @@ class Sweep:
             await client.check()
             for message in client.warnings + self.prompt_warnings():
                 self.warn(message)
+            await self.scrape()  # finds the metrics URL and the drafter method before the manifest is written
             writer = RunWriter(run_dir(spec), self.manifest(await self.server_info(client), client))
             runner = LoadRunner(client, self.prompts, spec.osl, spec.timeout,
                                 lambda text: count_tokens(self.source.tokenizer, text), self.clock, spec.seed)
@@ -233,6 +235,7 @@ class Sweep:
             found = counters.snapshot(counters.parse_prometheus(body)) if status == 200 else None
             if found is not None:
                 self.metrics_url, self.metrics_candidates = url, [url]
+                self.drafter_method = counters.drafter_method(body) or self.drafter_method
                 return found
             tried.append(f"{url} (HTTP {status})")
         if tried and not self.warned_counters:
@@ -260,7 +263,7 @@ class Sweep:
             "settings_sha256": hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest(),
             "points": [p.name for p in self.spec.points], "num_gpus": self.num_gpus, "num_gpus_from": self.gpus_from,
             "metrics_url": self.metrics_url, "tokenizer": self.source.origin, "engine": self.source.engine,
-            "server": server, "client_warnings": client.warnings, "versions": library_versions(),
+            "server": server, "drafter_method": self.drafter_method, "client_warnings": client.warnings, "versions": library_versions(),
             "definitions": "shared/reference/benchmarking.md: TPOT = (E2E - TTFT) / (OSL - 1); interactivity = "
                            "1000 / TPOT(ms); percentiles linear; throughput per GPU = tokens/s / num_gpus",
         }

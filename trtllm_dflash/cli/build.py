@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 "'dflash-build options ENGINE_DIR' (a trtllm engine's options, paths absolute).")
     p.add_argument("--config", help="YAML file with the same settings (flags override it)")
     p.add_argument("--target", help="target model directory, hub id, or 'builtin'")
-    p.add_argument("--drafter", help="DFlash drafter directory, hub id, or 'builtin'")
+    p.add_argument("--drafter", help="DFlash or DFlash2 drafter directory, hub id, 'builtin' or 'builtin-dflash2'")
     p.add_argument("--output", help="engine directory to create")
     # choices are validated by BuildSpec, so a bad value is one line naming it
     p.add_argument("--backend", help=f"{' | '.join(BACKENDS)} (default torch)")

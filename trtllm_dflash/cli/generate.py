@@ -25,7 +25,8 @@ def parser() -> Parser:
     model = p.add_mutually_exclusive_group(required=True)
     model.add_argument("--target", help="target model directory, hub id, or 'builtin'")
     model.add_argument("--engine", help="a torch engine directory from dflash-build (any tensor-parallel size)")
-    p.add_argument("--drafter", help="DFlash drafter directory, hub id, or 'builtin'; omit for plain decoding")
+    p.add_argument("--drafter", help="DFlash or DFlash2 drafter directory, hub id, 'builtin' (the built-in pair's "
+                   "DFlash drafter) or 'builtin-dflash2' (its DFlash2 drafter); omit for plain decoding")
     prompt = p.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs the target's tokenizer)")
     prompt.add_argument("--prompt-ids", help="prompt token ids, comma-separated: 5,6,7")

@@ -1,4 +1,4 @@
-"""dflash-train: train a DFlash drafter for a target (the paper's recipe), in the published format."""
+"""dflash-train: train a DFlash or DFlash2 drafter for a target (the paper's recipe), in the published format."""
 
 from __future__ import annotations
 
@@ -22,11 +22,13 @@ def layer_ids(text: str) -> tuple[int, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description="Train a DFlash drafter against a frozen target.")
+    p = argparse.ArgumentParser(prog=PROG, description="Train a DFlash or DFlash2 drafter against a frozen target.")
     p.add_argument("--target", required=True, help="target model directory, hub id, or 'builtin'")
     p.add_argument("--output", required=True, help="drafter directory to write (config.json, model.safetensors)")
     p.add_argument("--save-format", default="zlab", help="zlab (z-lab's DFlash layout, default) or speculators "
                    "(vllm-project/speculators' layout, which vLLM loads); dflash-convert turns one into the other")
+    p.add_argument("--method", default="dflash", help="dflash (default) or dflash2 (grouped dynamic convolutions "
+                   "and a candidate selector, as speculators 0.9.0 trains them)")
     p.add_argument("--data", help="prompts JSONL ({'prompt': ...} or {'messages': [...]}); default: stdlib snippets")
     p.add_argument("--num-layers", type=int, default=5)
     p.add_argument("--block-size", type=int, default=16)
@@ -79,7 +81,7 @@ def run(argv: list[str] | None) -> int:
                      args.anchors, max_new_tokens=args.max_new_tokens, max_prompt_tokens=args.max_prompt_tokens,
                      eval_prompts=args.eval_prompts, eval_every=args.eval_every, save_every=args.save_every,
                      mask_token_id=args.mask_token_id, device=args.device, seed=args.seed, resume=args.resume,
-                     save_format=args.save_format)
+                     save_format=args.save_format, method=args.method)
     from ..engine.pipeline import check_device
     from ..train.trainer import train
 

@@ -9,7 +9,7 @@ lower-cased without `_`/`-` contains "dflash2" (modeling_dflash.py `_is_dflash2_
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..utils.errors import DFlashError
@@ -28,18 +28,21 @@ def is_dflash2(architectures: list[str]) -> bool:
 class DFlash2Config:
     """conv_kernel_size: taps k of each convolution (tap 0 = the token itself); conv_group_size: channels sharing one
     dynamic tap (G = hidden / group groups); selector_rank: r of the bilinear codebooks; selector_top_k: K unary
-    candidates the selector rescores."""
+    candidates the selector rescores. block_size: the drafter's, where the convolutions restart along a row of packed
+    blocks (not a DFlash2 field of its own, so not compared)."""
 
     conv_kernel_size: int = 2
     conv_group_size: int = 16
     selector_rank: int = 256
     selector_top_k: int = 16
+    block_size: int = field(default=16, compare=False)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str, hidden: int, block_size: int, vocab: int) -> DFlash2Config:
         """data: dflash_config over the top-level fields (dflash_config wins, as for DFlash's own fields)."""
         f = Fields(data, source)
-        cfg = cls(**{key: f.get(key, int, DEFAULTS[key], positive=True, expect="a positive int") for key in KEYS})
+        cfg = cls(**{key: f.get(key, int, DEFAULTS[key], positive=True, expect="a positive int") for key in KEYS},
+                  block_size=block_size)
         k, group, top_k = cfg.conv_kernel_size, cfg.conv_group_size, cfg.selector_top_k
         if hidden % group:  # speculators model_definitions.py:117-121
             raise DFlashError(f"{source}: field 'conv_group_size' {group} does not divide hidden_size {hidden}")

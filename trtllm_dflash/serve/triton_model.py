@@ -61,6 +61,8 @@ COUNTERS.update({
     "prefix_requests": ("dflash_prefix_cache_queried_requests_total", "admissions looked up in the prefix cache"),
     "preemptions": ("dflash_preemptions_total", "running requests preempted for KV blocks (recomputed later)"),
 })
+# an info gauge: 1 under the label method = the drafting method this server runs (dflash, dflash2; none: plain)
+DRAFTER_INFO = ("dflash_drafter_info", "the drafting method this server runs, as the label 'method'")
 GAUGES = {"running": ("dflash_running_requests", "requests in the running batch"),
           "queued": ("dflash_queued_requests", "requests waiting for a slot"),
           "kv_blocks_used": ("dflash_kv_cache_blocks_used", "KV pool blocks held by requests"),
@@ -80,6 +82,12 @@ def kv_pool_bytes(runtime: RuntimeConfig, device) -> int | None:
 
 
 KV_FREE_FRACTION = 0.9
+
+
+def drafter_method(generator) -> str:
+    """dflash or dflash2 (the drafter's config, DrafterConfig.method); none when the engine has no drafter."""
+    drafter = getattr(generator.proposer, "drafter", None)
+    return drafter.config.method if drafter is not None else "none"
 
 
 class TritonResponder:
@@ -174,7 +182,7 @@ class TritonPythonModel:
         self.max_tokens_limit = params.max_seq_len
         kv_cache_bytes = self.torch_thread.call(lambda: kv_pool_bytes(runtime, generator.device))
         generator.configure(runtime, policy, kv_cache_bytes)
-        self.metrics = self.make_metrics(generator.block - 1)
+        self.metrics = self.make_metrics(generator.block - 1, drafter_method(generator))
         self.loop = ServingLoop(generator, self.tokenizer, params.max_batch_size, params.max_seq_len,
                                 params.max_queue, self.update_metrics, self.metrics["draft_length"].observe,
                                 os.environ.get(STOP_FILE_ENV), self.torch_thread, params.admission,
@@ -224,7 +232,7 @@ class TritonPythonModel:
 
         return {"ranks_lost": generator.check_ranks, "on_lost": on_lost}
 
-    def make_metrics(self, max_draft_len: int) -> dict:
+    def make_metrics(self, max_draft_len: int, method: str) -> dict:
         metrics, self.families = {}, []  # a family must outlive its metrics
         self.gauges = {}  # gauge -> the value last set
         for table, kind in ((COUNTERS, pb_utils.MetricFamily.COUNTER), (GAUGES, pb_utils.MetricFamily.GAUGE)):
@@ -236,6 +244,11 @@ class TritonPythonModel:
                                        kind=pb_utils.MetricFamily.HISTOGRAM)
         self.families.append(family)
         metrics["draft_length"] = family.Metric(labels={}, buckets=[float(k) for k in range(max_draft_len + 1)])
+        family = pb_utils.MetricFamily(name=DRAFTER_INFO[0], description=DRAFTER_INFO[1],
+                                       kind=pb_utils.MetricFamily.GAUGE)
+        self.families.append(family)
+        metrics["drafter_info"] = family.Metric(labels={"method": method})  # kept: a dropped metric leaves the server
+        metrics["drafter_info"].set(1)
         return metrics
 
     def update_metrics(self, counters: Counters, delta: dict) -> None:

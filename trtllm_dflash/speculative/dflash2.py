@@ -42,6 +42,8 @@ def walk(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor
     projected = selector.hidden_projection(hidden).float()  # [B, n, r]
     successors = selector.successor_codebook[candidates].float()  # [B, n, K, r]
     codebook = selector.predecessor_codebook
+    if sampling.all_greedy:
+        return greedy_walk(codebook, unary, candidates, projected, successors, anchors), None
     if not sampling.all_greedy:
         u = uniforms(sampling, PROPOSE, n)  # [B, n]
         greedy = (sampling.temperature == 0)[:, None]  # [B, 1]
@@ -65,3 +67,20 @@ def walk(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor
     if sampling.all_greedy:
         return drafts, None
     return drafts, torch.zeros_like(logits).scatter_(-1, candidates, torch.stack(probs, dim=1))
+
+
+def greedy_walk(codebook: torch.Tensor, unary: torch.Tensor, candidates: torch.Tensor, projected: torch.Tensor,
+                successors: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
+    """The greedy walk with every slot's scores computed at once: slot j's predecessor is one of slot j - 1's K
+    candidates (the anchor at slot 0), so the best candidate for each of them is one batched product, and the walk
+    only follows indices. unary, candidates: [B, n, K]; projected: [B, n, r]; successors: [B, n, K, r] -> [B, n]."""
+    b, n, k = candidates.shape
+    prev = torch.cat([anchors[:, None, None].expand(b, 1, k), candidates[:, :-1]], dim=1)  # [B, n, K]
+    context = codebook[prev].float() * projected[:, :, None, :]  # [B, n, K prev, r]
+    scores = unary[:, :, None, :] + context @ successors.transpose(-1, -2)  # [B, n, K prev, K]
+    best = scores.argmax(-1)  # [B, n, K prev]: the first best candidate after each predecessor
+    index, chosen = anchors.new_zeros((b, 1)), []  # slot 0: every predecessor row is the anchor's
+    for j in range(n):
+        index = best[:, j].gather(-1, index)
+        chosen.append(index)
+    return candidates.gather(-1, torch.cat(chosen, dim=1)[..., None])[..., 0]

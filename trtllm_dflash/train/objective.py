@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..models.attention import ExplicitContext
+from .dflash2 import SELECTOR_LOSS_ALPHA, selector_ce
 
 GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}  # the paper's decay per block size
 
@@ -35,7 +36,7 @@ def block_sparse_mask(anchors: torch.Tensor, seq_len: int, block: int) -> torch.
 def block_loss(drafter, target, seqs: torch.Tensor, feats: torch.Tensor, anchors: torch.Tensor,
                weights: torch.Tensor) -> torch.Tensor:
     """Weighted CE over packed blocks. seqs: [N, S] ids; feats: [N, S, F] target features;
-    anchors: [N, A] positions (anchor + B <= S). -> scalar: mean weighted CE per block."""
+    anchors: [N, A] positions (anchor + B <= S). -> scalar: mean weighted CE per block (plus the selector's)."""
     cfg = drafter.config
     block, (n, a), s = cfg.block_size, anchors.shape, seqs.shape[1]
     idx = anchors[..., None] + torch.arange(block, device=seqs.device)  # [N, A, B] positions of each slot
@@ -46,6 +47,16 @@ def block_loss(drafter, target, seqs: torch.Tensor, feats: torch.Tensor, anchors
     ctx_kv = drafter.context_kv(feats, torch.arange(s, device=seqs.device).expand(n, -1))
     embeds = target.embed_tokens(inputs.view(n, -1)) * cfg.input_embedding_scale
     hidden = drafter(embeds, ExplicitContext(idx.view(n, -1), ctx_kv, block_sparse_mask(anchors, s, block)))
-    logits = drafter.logits(hidden.view(n, a, block, -1)[:, :, 1:], target.lm_head)
+    hidden = hidden.view(n, a, block, -1)[:, :, 1:]
+    logits = drafter.logits(hidden, target.lm_head)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), reduction="none")
-    return (ce.view(labels.shape) * weights).sum() / (weights.sum() * n * a)
+    loss = weighted_mean(ce.view(labels.shape), weights)
+    if drafter.candidate_selector is not None:
+        loss = loss + SELECTOR_LOSS_ALPHA * weighted_mean(selector_ce(drafter.candidate_selector, logits, hidden,
+                                                                      tokens), weights)
+    return loss
+
+
+def weighted_mean(ce: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """ce: [N, A, B-1]; weights: [B-1] -> scalar: the weighted mean per block."""
+    return (ce * weights).sum() / (weights.sum() * ce.shape[0] * ce.shape[1])

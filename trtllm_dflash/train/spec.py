@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..utils.errors import DFlashError
+from .dflash2 import METHODS
 
 
 def default_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -44,6 +45,7 @@ class TrainSpec:
     seed: int = 0
     resume: bool = False
     save_format: str = "zlab"  # the written drafter's checkpoint format: zlab | speculators
+    method: str = "dflash"  # dflash | dflash2 (convolutions and a candidate selector, train/dflash2.py)
 
     def __post_init__(self):
         positive = ("num_layers", "lr", "batch_tokens", "anchors", "max_prompt_tokens", "max_new_tokens",
@@ -63,6 +65,8 @@ class TrainSpec:
             raise DFlashError(f"--eval-prompts must be >= 0, got {self.eval_prompts}")
         if self.save_format not in ("zlab", "speculators"):
             raise DFlashError(f"--save-format must be zlab or speculators, got {self.save_format!r}")
+        if self.method not in METHODS:
+            raise DFlashError(f"--method must be one of {', '.join(METHODS)}, got {self.method!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise DFlashError(f"unknown device {self.device!r} (cpu, cuda or cuda:N)")
 

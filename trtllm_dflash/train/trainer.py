@@ -1,4 +1,4 @@
-"""dflash-train's loop: a DFlash drafter trained against a frozen target, resumable, in the published format.
+"""dflash-train's loop: a DFlash or DFlash2 drafter trained against a frozen target, resumable, in the published format.
 
 Per step: `rows_per_step` sequences, `anchors` random blocks in each one's response, the block-sparse
 objective (objective.py), AdamW with linear warm-up then cosine decay, gradient clipping. The
@@ -25,8 +25,9 @@ from ..engine.generator import Generator
 from ..engine.request import Request, pooled_tau
 from ..models.drafter import DFlashDrafter
 from ..models.registry import parse_drafter_config
-from ..speculative import DFlashProposer
+from ..speculative import drafter_proposer
 from ..utils.errors import DFlashError
+from . import dflash2
 from .data import TrainingSet, encode, read_prompts, regenerate, stdlib_prompts
 from .objective import block_loss, decay_weights
 from .schedule import warmup_cosine
@@ -55,7 +56,7 @@ class TrainState:
 
 
 def drafter_config(spec: TrainSpec, target: LoadedTarget) -> dict:
-    """The published DFlash config.json for a drafter of `target` with the spec's shape."""
+    """The published DFlash (or DFlash2) config.json for a drafter of `target` with the spec's shape."""
     raw = read_json(target.path / "config.json")
     layers = target.config.num_hidden_layers
     ids = spec.target_layer_ids or default_layer_ids(layers, spec.num_layers)
@@ -68,8 +69,19 @@ def drafter_config(spec: TrainSpec, target: LoadedTarget) -> dict:
     config.update({"architectures": ["DFlashDraftModel"], "num_hidden_layers": spec.num_layers,
                    "block_size": spec.block_size, "num_target_layers": layers, "torch_dtype": "float32",
                    "dflash_config": {"mask_token_id": int(mask), "target_layer_ids": list(ids)}})
+    if spec.method == "dflash2":
+        config = dflash2.config_fields(config)
     validate_pair(target.config, parse_drafter_config(config, "the new drafter's config"))
     return config
+
+
+def new_drafter(d_cfg: DrafterConfig, target: LoadedTarget) -> DFlashDrafter:
+    """torch's default initialisation; a DFlash2 drafter's own parts as speculators initialises them."""
+    drafter = DFlashDrafter(d_cfg)
+    if d_cfg.dflash2 is not None:
+        std = read_json(target.path / "config.json").get("initializer_range", dflash2.INITIALIZER_RANGE)
+        dflash2.initialise(drafter, std)
+    return drafter
 
 
 def total_steps(spec: TrainSpec, rows: int) -> int:
@@ -114,11 +126,11 @@ def capture(target, sequences: torch.Tensor, layer_ids, device: str) -> torch.Te
 
 @torch.no_grad()
 def held_out_tau(target, drafter, prompts: list[list[int]], stop_ids, max_new_tokens: int) -> float:
-    """Pooled tokens per verify step of greedy DFlash decoding on the held-out prompts."""
+    """Pooled tokens per verify step of greedy decoding with the drafter's method on the held-out prompts."""
     if not prompts:
         return float("nan")
     drafter.eval()
-    results = Generator(target, DFlashProposer(drafter, target), tuple(stop_ids)).generate(
+    results = Generator(target, drafter_proposer(drafter, target), tuple(stop_ids)).generate(
         [Request(tuple(p), max_new_tokens) for p in prompts])
     drafter.train()
     return pooled_tau(results)
@@ -176,7 +188,7 @@ def train(spec: TrainSpec, progress: Progress = Progress()) -> TrainState:
     features = capture(target.model, data.sequences, d_cfg.target_layer_ids, spec.device)
     progress.advance(1)
     torch.manual_seed(spec.seed)
-    drafter = DFlashDrafter(d_cfg).to(spec.device).train()
+    drafter = new_drafter(d_cfg, target).to(spec.device).train()
     steps = total_steps(spec, len(rows))
     opt = torch.optim.AdamW(drafter.parameters(), lr=spec.lr, weight_decay=spec.weight_decay)
     warmup = max(1, round(spec.warmup * steps))
