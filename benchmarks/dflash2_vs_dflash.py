@@ -25,7 +25,9 @@ import time
 from pathlib import Path
 
 import torch
-from cpu_decode import interleaved, ours, prompts, run_record
+
+sys.path.insert(0, str(Path(__file__).parent))  # the sibling benchmark scripts, from any working directory
+from cpu_decode import interleaved, ours, prompts, run_record  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "dflash2_vs_dflash.json"
 
