@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -47,18 +48,32 @@ def models_in_memory(http_url: str) -> list[str]:
 
 
 def unload_all(http_url: str, timeout: float) -> bool:
-    """Ask the server to unload every model; -> True once none is held any more (within `timeout` seconds)."""
+    """Ask the server to unload every model; -> True once none is held any more (within `timeout` seconds).
+    A call that times out is asked again until the deadline: on a loaded machine one answer can take over the
+    per-call 5 s while the unload goes on, and a SIGTERM sent then finds the model live (tritonserver exits 1)."""
     deadline = time.monotonic() + timeout
-    try:
-        for name in loaded_models(http_url):
-            request_json(f"{http_url}/v2/repository/models/{name}/unload", {})
-        while time.monotonic() < deadline:
+    pending = None  # models still to ask to unload, once the index has answered
+    while time.monotonic() < deadline:
+        try:
+            if pending is None:
+                pending = loaded_models(http_url)
+            while pending:
+                request_json(f"{http_url}/v2/repository/models/{pending[0]}/unload", {})
+                pending.pop(0)
             if not models_in_memory(http_url):
                 return True
-            time.sleep(0.1)
-    except (OSError, ValueError):  # the server is already going away (HTTPError is an OSError)
-        return False
+        except (TimeoutError, urllib.error.URLError) as exc:
+            if not is_timeout(exc):
+                return False  # refused or reset: the server is already going away
+        except (OSError, ValueError):  # an HTTP error, a bad answer: the server is going away
+            return False
+        time.sleep(0.1)
     return False
+
+
+def is_timeout(exc: Exception) -> bool:
+    """A socket timeout, raw (reading the answer) or wrapped by urllib (connecting)."""
+    return isinstance(exc, TimeoutError) or isinstance(getattr(exc, "reason", None), TimeoutError)
 
 
 def begin_drain(stop_file: Path) -> None:
