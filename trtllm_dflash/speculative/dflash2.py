@@ -44,30 +44,22 @@ def walk(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor
     codebook = selector.predecessor_codebook
     if sampling.all_greedy:
         return greedy_walk(codebook, unary, candidates, projected, successors, anchors), None
-    if not sampling.all_greedy:
-        u = uniforms(sampling, PROPOSE, n)  # [B, n]
-        greedy = (sampling.temperature == 0)[:, None]  # [B, 1]
-        temperature = torch.where(greedy, 1.0, sampling.temperature[:, None])
+    u = uniforms(sampling, PROPOSE, n)  # [B, n]
+    greedy = (sampling.temperature == 0)[:, None]  # [B, 1]: rows that take the best candidate
+    temperature = torch.where(greedy, 1.0, sampling.temperature[:, None])
     prev, drafts, probs = anchors, [], []
     for j in range(n):
         context = codebook[prev].float() * projected[:, j]  # [B, r]
         scores = unary[:, j] + (context[:, None, :] * successors[:, j]).sum(-1)  # [B, K]
-        if sampling.all_greedy:
-            index = scores.argmax(-1)  # first index of the max
-        else:
-            p = torch.softmax(scores / temperature, dim=-1)
-            if sampling.any_greedy:
-                best = torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).to(p.dtype)
-                p = torch.where(greedy, best, p)
-            index = sample(p[:, None], u[:, j:j + 1])[:, 0]
-            probs.append(p)
+        p = torch.softmax(scores / temperature, dim=-1)
+        if sampling.any_greedy:
+            best = torch.nn.functional.one_hot(scores.argmax(-1), scores.shape[-1]).to(p.dtype)
+            p = torch.where(greedy, best, p)
+        index = sample(p[:, None], u[:, j:j + 1])[:, 0]
+        probs.append(p)
         prev = candidates[:, j].gather(-1, index[:, None])[:, 0]  # [B]
         drafts.append(prev)
-    drafts = torch.stack(drafts, dim=1)
-    if sampling.all_greedy:
-        return drafts, None
-    return drafts, torch.zeros_like(logits).scatter_(-1, candidates, torch.stack(probs, dim=1))
-
+    return torch.stack(drafts, dim=1), torch.zeros_like(logits).scatter_(-1, candidates, torch.stack(probs, dim=1))
 
 def greedy_walk(codebook: torch.Tensor, unary: torch.Tensor, candidates: torch.Tensor, projected: torch.Tensor,
                 successors: torch.Tensor, anchors: torch.Tensor) -> torch.Tensor:
