@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from helpers.oracle import hf_greedy
+from helpers.oracle import hf_greedy, speculators_blocks
 from safetensors.torch import load_file
 from helpers.tiny_models import add_tokenizer, drafter_config, drafter_weights, hf_config, make_hf_target, write_drafter
 from trtllm_dflash.checkpoint.drafter import Verifier, convert_drafter, read_drafter
@@ -58,24 +58,10 @@ def library_drafter(path, verifier, layer_config, **options):
 
 
 def library_logits(path, sequence: list[int], hf) -> torch.Tensor:
-    """The library's own forward (eager attention) over `sequence`: every position p < len - block is an anchor
-    whose block [token p, MASK...] sees the target features before p -> logits [anchor p, slot, vocab]."""
+    """The library's own forward (eager attention) over `sequence` -> logits [anchor p, slot, vocab]."""
     from speculators.models.dflash import DFlashDraftModel, DFlashSpeculatorConfig
 
-    cfg = DFlashSpeculatorConfig.from_pretrained(str(path))
-    cfg.transformer_layer_config._attn_implementation = "eager"
-    model = DFlashDraftModel.from_pretrained(str(path), config=cfg).eval()
-    ids = torch.tensor([sequence])
-    anchors = len(sequence) - cfg.block_size
-    loss_mask = torch.zeros(1, len(sequence))
-    loss_mask[:, :anchors] = 1
-    with torch.no_grad():
-        out = hf(ids, output_hidden_states=True)
-        feats = torch.cat([out.hidden_states[i] for i in cfg.aux_hidden_state_layer_ids], dim=-1)
-        # _backbone_forward is the part of forward() before the loss: it returns the draft logits
-        _, logits, *_ = model._backbone_forward(feats, ids, loss_mask, out.hidden_states[-1],
-                                                torch.zeros_like(ids), max_anchors=anchors)
-    return logits.view(anchors, cfg.block_size, -1)
+    return speculators_blocks(DFlashDraftModel, DFlashSpeculatorConfig, path, sequence, hf)[1]
 
 
 def run_recording_logits(pipe, prompt, n):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import torch
 
+from helpers.oracle import speculators_blocks
 from helpers.tiny_models import drafter_config, drafter_weights, write_drafter
 
 BLOCK, MASK = 8, 95
@@ -63,19 +64,8 @@ def library_blocks(path: Path, sequence: list[int], hf):
     [token p, MASK...] sees the target's features before p -> (hidden [A, B, H], logits [A, B, V], its selector)."""
     from speculators.models.dflash2 import DFlash2DraftModel, DFlash2SpeculatorConfig
 
-    cfg = DFlash2SpeculatorConfig.from_pretrained(str(path))
-    cfg.transformer_layer_config._attn_implementation = "eager"
-    model = DFlash2DraftModel.from_pretrained(str(path), config=cfg).eval()
-    ids = torch.tensor([sequence])
-    anchors = len(sequence) - cfg.block_size
-    loss_mask = torch.zeros(1, len(sequence))
-    loss_mask[:, :anchors] = 1
-    with torch.no_grad():
-        out = hf(ids, output_hidden_states=True)
-        feats = torch.cat([out.hidden_states[i] for i in cfg.aux_hidden_state_layer_ids], dim=-1)
-        hidden, logits, *_ = model._backbone_forward(feats, ids, loss_mask, out.hidden_states[-1],
-                                                     torch.zeros_like(ids), max_anchors=anchors)
-    return hidden.view(anchors, cfg.block_size, -1), logits.view(anchors, cfg.block_size, -1), model.candidate_selector
+    hidden, logits, model = speculators_blocks(DFlash2DraftModel, DFlash2SpeculatorConfig, path, sequence, hf)
+    return hidden, logits, model.candidate_selector
 
 
 @torch.no_grad()

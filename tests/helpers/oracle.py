@@ -5,6 +5,25 @@ from __future__ import annotations
 import torch
 
 
+def speculators_blocks(model_cls, config_cls, path, sequence: list[int], hf):
+    """speculators' own drafter forward (eager attention) over `sequence`: every position p < len - block is an
+    anchor whose block [token p, MASK...] sees the target's features before p -> (hidden [A, B, H], logits
+    [A, B, V], the model). `_backbone_forward` is the part of forward() before the loss."""
+    cfg = config_cls.from_pretrained(str(path))
+    cfg.transformer_layer_config._attn_implementation = "eager"
+    model = model_cls.from_pretrained(str(path), config=cfg).eval()
+    ids = torch.tensor([sequence])
+    anchors = len(sequence) - cfg.block_size
+    loss_mask = torch.zeros(1, len(sequence))
+    loss_mask[:, :anchors] = 1
+    with torch.no_grad():
+        out = hf(ids, output_hidden_states=True)
+        feats = torch.cat([out.hidden_states[i] for i in cfg.aux_hidden_state_layer_ids], dim=-1)
+        hidden, logits, *_ = model._backbone_forward(feats, ids, loss_mask, out.hidden_states[-1],
+                                                     torch.zeros_like(ids), max_anchors=anchors)
+    return hidden.view(anchors, cfg.block_size, -1), logits.view(anchors, cfg.block_size, -1), model
+
+
 @torch.no_grad()
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
     """Greedy decoding by full recomputation with the transformers model (no cache, no shortcuts)."""
