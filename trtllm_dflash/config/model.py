@@ -271,8 +271,7 @@ class DrafterConfig(DecoderConfig):
         """family: the entry of the drafter's model_type, or Qwen3's (models/registry.py parse_drafter_config)."""
         archs = data.get("architectures") or []
         dflash = data.get("dflash_config")
-        if DRAFTER_ARCHITECTURE not in archs and not is_dflash2(archs) and not is_laguna_drafter(archs) \
-                and dflash is None:
+        if not known_drafter(archs) and dflash is None:
             raise DFlashError(f"{source}: unknown architecture {archs} for a drafter (expected {DRAFTER_ARCHITECTURE}, "
                               f"{DFLASH2_ARCHITECTURE} or {LAGUNA_DRAFTER_ARCHITECTURE} with dflash_config)")
         if not isinstance(dflash, dict):
@@ -323,11 +322,16 @@ NEUTRAL_DRAFTER_FIELDS = {
 }
 
 
+def known_drafter(archs: list[str]) -> bool:
+    """A DFlash, DFlash2 or Laguna DFlash drafter by its config's `architectures`, as upstream chooses it."""
+    return DRAFTER_ARCHITECTURE in archs or is_dflash2(archs) or is_laguna_drafter(archs)
+
+
 def check_drafter_fields(data: dict[str, Any], dflash: dict[str, Any], source: str) -> None:
     """One-line refusal of drafter fields that would change the math this runtime computes."""
     archs = data.get("architectures") or []
     second = is_dflash2(archs)
-    if archs and DRAFTER_ARCHITECTURE not in archs and not second and not is_laguna_drafter(archs):
+    if archs and not known_drafter(archs):
         raise DFlashError(f"{source}: unsupported drafter architecture {archs} (supported: {DRAFTER_ARCHITECTURE}, "
                           f"{DFLASH2_ARCHITECTURE}, {LAGUNA_DRAFTER_ARCHITECTURE})")
     if is_laguna_drafter(archs):
