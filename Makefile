@@ -25,9 +25,9 @@ $(VENV)/.installed: pyproject.toml
 demo: $(VENV)/.installed
 	$(VENV)/bin/dflash-demo
 
-# one process: torch.compile's compile workers and torch's threads use both cores (tests/README.md: why not xdist)
+# two workers, one core each, a file's tests on one worker (tests/README.md: why)
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # the edit loop: no test marked slow (over about 10 s) and none that starts tritonserver (tests/README.md)
 test-fast: $(VENV)/.installed

@@ -28,17 +28,6 @@ def _one_lane_per_worker() -> None:
 _one_lane_per_worker()
 torch.set_num_threads(min(2, len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else 2)
 
-# Fixtures worth setting up once per worker process under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`):
-# their tests share one worker. Every other test is grouped by its file, so module fixtures are set up once too.
-SHARED_ON_ONE_WORKER = ("triton_server",)
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        shared = [name for name in SHARED_ON_ONE_WORKER if name in getattr(item, "fixturenames", ())]
-        item.add_marker(pytest.mark.xdist_group(shared[0] if shared else item.nodeid.split("::")[0]))
-
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory) -> Path:

@@ -25,8 +25,14 @@ pytestmark = pytest.mark.serve  # the real tritonserver
 STOP_WITHIN_S = 10
 
 
-def python_shm() -> set[str]:
-    return {name for name in os.listdir("/dev/shm") if "python_backend" in name}
+def python_shm(pids: list[int]) -> set[str]:
+    """The Python backend's shared-memory regions these processes map (/proc/PID/maps): this server's own, not
+    those of a server another test worker runs beside it."""
+    names = set()
+    for pid in pids:
+        with open(f"/proc/{pid}/maps") as maps:
+            names |= {line.split("/dev/shm/", 1)[1].strip() for line in maps if "/dev/shm/" in line}
+    return {name for name in names if "python_backend" in name}
 
 
 def open_stream(port: int, events: list, done: threading.Event, started: threading.Event) -> None:
@@ -57,7 +63,6 @@ def check_start_log(path: Path) -> None:
 
 
 def test_sigterm_cancels_streams_and_exits_cleanly(triton_server, tmp_path):
-    shm_before = python_shm()
     serve, ports, log = start_serve(triton_server["engine"], tmp_path)
     port = ports[0]
     try:
@@ -66,6 +71,8 @@ def test_sigterm_cancels_streams_and_exits_cleanly(triton_server, tmp_path):
         children = [int(p) for p in subprocess.run(["pgrep", "-P", str(serve.pid)], capture_output=True,
                                                    text=True).stdout.split()]
         assert len(children) == 1  # tritonserver
+        shm = python_shm(children)
+        assert shm  # the regions it shares with its model's process
         streams = [([], threading.Event(), threading.Event()) for _ in range(2)]
         for events, done, started in streams:
             threading.Thread(target=open_stream, args=(port, events, done, started), daemon=True).start()
@@ -85,7 +92,7 @@ def test_sigterm_cancels_streams_and_exits_cleanly(triton_server, tmp_path):
         for pid in children:
             with pytest.raises(ProcessLookupError):
                 os.kill(pid, 0)
-        assert python_shm() <= shm_before  # the server's shared-memory regions went with it
+        assert not {name for name in shm if os.path.exists(f"/dev/shm/{name}")}  # its regions went with it
     finally:
         if serve.poll() is None:
             serve.kill()

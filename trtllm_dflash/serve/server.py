@@ -192,7 +192,8 @@ def stop_server(server: TritonServer, grace: float = STOP_GRACE_S) -> int:
     """End requests in flight, unload the models, SIGTERM; SIGKILL the group after `grace` seconds."""
     if server.poll() is None:
         begin_drain(server.stop_file)
-        unload_all(server.ends.http_url, grace)
+        if (failed := unload_all(server.ends.http_url, grace)) is not None:
+            print(f"warning: unloading before the stop: {failed}", file=sys.stderr, flush=True)
     stop_process(server.proc, grace)
     shutil.rmtree(server.workdir, ignore_errors=True)
     return server.proc.returncode

@@ -47,28 +47,37 @@ def models_in_memory(http_url: str) -> list[str]:
     return [m["name"] for m in index if m.get("state", "READY") in ("READY", "LOADING", "UNLOADING")]
 
 
-def unload_all(http_url: str, timeout: float) -> bool:
-    """Ask the server to unload every model; -> True once none is held any more (within `timeout` seconds).
-    A call that times out is asked again until the deadline: on a loaded machine one answer can take over the
-    per-call 5 s while the unload goes on, and a SIGTERM sent then finds the model live (tritonserver exits 1)."""
+def unload_all(http_url: str, timeout: float) -> str | None:
+    """Ask the server to unload every model and wait until none is held any more (within `timeout` seconds);
+    -> None once done, else why not (one line). A call that times out is asked again until the deadline: on a
+    loaded machine one answer can take over the per-call 5 s while the unload goes on, and a SIGTERM sent then
+    finds the model live (tritonserver exits 1). An error answer (a repeated unload of a model already being
+    unloaded) is not the end either: the index is polled on until the model is gone."""
     deadline = time.monotonic() + timeout
     pending = None  # models still to ask to unload, once the index has answered
+    held: list[str] = []
     while time.monotonic() < deadline:
         try:
             if pending is None:
                 pending = loaded_models(http_url)
             while pending:
-                request_json(f"{http_url}/v2/repository/models/{pending[0]}/unload", {})
+                try:
+                    request_json(f"{http_url}/v2/repository/models/{pending[0]}/unload", {})
+                except urllib.error.HTTPError:
+                    pass  # answered: the model is unloading already, or gone; the index below tells which
                 pending.pop(0)
-            if not models_in_memory(http_url):
-                return True
+            held = models_in_memory(http_url)
+            if not held:
+                return None
+        except urllib.error.HTTPError:
+            pass  # the index answered an error while models change state: ask again
         except (TimeoutError, urllib.error.URLError) as exc:
             if not is_timeout(exc):
-                return False  # refused or reset: the server is already going away
-        except (OSError, ValueError):  # an HTTP error, a bad answer: the server is going away
-            return False
+                return f"the server stopped answering ({exc})"  # refused or reset: it is going away
+        except (OSError, ValueError) as exc:  # a bad answer: the server is going away
+            return f"the server stopped answering ({exc})"
         time.sleep(0.1)
-    return False
+    return f"{', '.join(held) or 'the models'} still loaded after {timeout:g} s"
 
 
 def is_timeout(exc: Exception) -> bool:
