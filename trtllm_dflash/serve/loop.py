@@ -8,8 +8,10 @@ its new text (streaming) or its whole answer (when finished).
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue
+import sys
 import threading
 import time
 from concurrent.futures import Future, wait
@@ -143,8 +145,13 @@ class ServingLoop:
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel everything in flight and queued, then end the thread."""
         self.stopping.set()
-        if self.running is not None:  # started
-            wait([self.running], timeout)
+        if self.running is not None and wait([self.running], timeout).not_done:  # started and still running
+            print(f"warning: the serving loop did not end within {timeout:g} s of the stop; where its threads are:",
+                  file=sys.stderr, flush=True)
+            try:
+                faulthandler.dump_traceback(sys.stderr, all_threads=True)  # the model's stderr: the server's log
+            except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor
+                pass
 
     def run(self) -> None:
         while not self.stopping.is_set():
