@@ -71,11 +71,9 @@ def unload_all(http_url: str, timeout: float) -> str | None:
                 return None
         except urllib.error.HTTPError:
             pass  # the index answered an error while models change state: ask again
-        except (TimeoutError, urllib.error.URLError) as exc:
+        except (OSError, ValueError) as exc:  # a timeout is asked again; refused, reset or a bad answer: going away
             if not is_timeout(exc):
-                return f"the server stopped answering ({exc})"  # refused or reset: it is going away
-        except (OSError, ValueError) as exc:  # a bad answer: the server is going away
-            return f"the server stopped answering ({exc})"
+                return f"the server stopped answering ({exc})"
         time.sleep(0.1)
     return f"{', '.join(held) or 'the models'} still loaded after {timeout:g} s"
 
