@@ -9,6 +9,7 @@ from trtllm_dflash.engine.pipeline import load_pipeline
 from trtllm_dflash.engine.request import Request
 
 from helpers.tiny_pair import held_out_prompts
+from trtllm_dflash.serve.failures import CANCELLED
 from trtllm_dflash.serve.loop import ServeRequest, ServingLoop, first_stop
 from trtllm_dflash.serve.repository import ServeSettings, validate_pbtxt, write_repository
 from trtllm_dflash.utils.errors import DFlashError
@@ -169,7 +170,8 @@ def test_metrics_reach_the_exporter_in_batches_and_before_each_final_answer(loop
 
 def test_a_refused_send_to_a_client_gone_between_polls_cancels_only_its_request(loop_factory):
     """Between two cancellation polls a client may go away and Triton refuse its next response: that request is
-    cancelled, the one beside it finishes untouched."""
+    cancelled and still ends with a final (error) response, which is what frees Triton's hold on it; the one beside
+    it finishes untouched."""
     loop, tok = loop_factory(batch=2)
 
     class Gone(FakeResponder):
@@ -189,6 +191,35 @@ def test_a_refused_send_to_a_client_gone_between_polls_cancels_only_its_request(
         loop.iterate()
     assert other.sent[-1]["num_output_tokens"] == 16 and not other.errors
     assert len(gone.sent) == 1 and loop.counters.failed == 1
+    assert gone.final and gone.errors == [CANCELLED]
+
+
+def test_a_refused_final_answer_does_not_stop_the_loop_answering_the_others(builtin, tmp_path):
+    """A client gone before the shutdown's final answer may have it refused (Triton raises): the loop must still
+    answer every other request and keep running. A loop that died there left the others' requests held, and
+    Triton then never unloads the model (the stop waits, and tritonserver exits 1)."""
+    class Refusing(FakeResponder):
+        def error(self, message):
+            raise RuntimeError("Unable to send response: the stream is gone")
+
+    pipe = load_pipeline(*builtin)
+    stop_file = tmp_path / "stop"
+    loop = ServingLoop(pipe.generator, pipe.tokenizer, 2, 256, 8, stop_file=str(stop_file))
+    loop.start()
+    try:
+        gone, kept, queued = Refusing(), FakeResponder(), FakeResponder()
+        for responder in (gone, kept, queued):  # the batch holds two: the third waits in the queue
+            loop.submit(serve_request(pipe.tokenizer, "def f():", responder, stream=True, max_new=200))
+        deadline = time.monotonic() + 120
+        while not (gone.sent and kept.sent):
+            assert time.monotonic() < deadline, "the requests did not start"
+            time.sleep(0.01)
+        stop_file.touch()
+        wait_final([kept, queued])
+        assert "shutting down" in kept.errors[0] and "shutting down" in queued.errors[0]
+        assert not loop.running.done(), loop.running.exception()
+    finally:
+        loop.stop()
 
 
 def test_cancellation_is_polled_not_asked_every_step(loop_factory):

@@ -14,6 +14,7 @@ import queue
 import sys
 import threading
 import time
+import traceback
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -140,7 +141,7 @@ class ServingLoop:
     def reject(self, responder: Responder, message: str) -> None:
         self.count(failed=1)
         self.export()  # a client that got its answer sees it counted
-        responder.error(message)
+        end_with_error(responder, message)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Cancel everything in flight and queued, then end the thread."""
@@ -152,23 +153,29 @@ class ServingLoop:
                 faulthandler.dump_traceback(sys.stderr, all_threads=True)  # the model's stderr: the server's log
             except (AttributeError, ValueError, OSError):  # a stderr without a file descriptor
                 pass
+        elif self.running is not None and self.running.exception() is not None:  # ended early: requests were left
+            print("warning: the serving loop had ended with an error:", file=sys.stderr, flush=True)
+            traceback.print_exception(self.running.exception(), file=sys.stderr)
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            if self.draining or self.stop_requested():
-                self.drain()
-                continue
-            if self.lost is not None:  # nothing can step: end what arrives until dflash-serve stops the server
-                self.shutdown(self.lost)
-                time.sleep(STEP_IDLE_S)
-                continue
             try:
-                self.iterate()
+                self.turn()
             except RankLost as exc:
                 self.lose(str(exc))
             except Exception as exc:  # keep serving: fail the requests in flight, not the server
                 self.fail_running(f"{INTERNAL_ERROR}: {type(exc).__name__}: {exc}")
         self.shutdown()
+
+    def turn(self) -> None:
+        """One pass of the loop: a step (with admissions), or, once stopping or a rank is lost, the ending of
+        whatever is in flight or queued."""
+        if self.draining or self.stop_requested():
+            return self.drain()
+        if self.lost is not None:  # nothing can step: end what arrives until dflash-serve stops the server
+            self.shutdown(self.lost)
+            return time.sleep(STEP_IDLE_S)
+        self.iterate()
 
     def lose(self, why: str) -> None:
         """A rank died: every request in flight or queued fails with `why`, then the model says so (on_lost)."""
@@ -208,7 +215,7 @@ class ServingLoop:
         for seq in self.generator.live():
             self.fail(seq, "error")
             self.export()
-            seq.tag.responder.error(message)
+            end_with_error(seq.tag.responder, message)
 
     def fail(self, seq: Sequence, reason: str) -> None:
         """End `seq` unfinished, counted as failed (through count(), so the Prometheus counter sees it too)."""
@@ -260,10 +267,7 @@ class ServingLoop:
             if seq.tag.responder.cancelled():
                 self.fail(seq, "cancelled")
                 self.export()
-                try:
-                    seq.tag.responder.error(CANCELLED)
-                except Exception:  # the connection is gone; Triton may refuse the send
-                    pass
+                end_with_error(seq.tag.responder, CANCELLED)
 
     def respond(self, seq: Sequence) -> None:
         req: ServeRequest = seq.tag
@@ -294,6 +298,8 @@ class ServingLoop:
                 raise
             if not seq.done:
                 self.fail(seq, "cancelled")
+            if not final:
+                end_with_error(seq.tag.responder, CANCELLED)  # the final flag frees Triton's hold on the request
 
     def with_prompt(self, req: ServeRequest, text: str) -> str:
         """TensorRT-LLM's llmapi model includes the prompt unless told not to (once, when streaming)."""
@@ -377,6 +383,16 @@ class ServingLoop:
             self.reject(r.responder, message)
         while not self.pending.empty():
             self.reject(self.pending.get_nowait().responder, message)
+
+
+def end_with_error(responder: Responder, message: str) -> None:
+    """A request's final response, an error. A client already gone may have it refused: its request is over
+    either way, and the loop must go on to answer the others (one that stopped here would leave their requests
+    held, and Triton cannot unload a model while it holds a request's response factory)."""
+    try:
+        responder.error(message)
+    except Exception:
+        pass
 
 
 def first_stop(text: str, stops: tuple[str, ...]) -> int | None:
