@@ -1,6 +1,7 @@
 """The real tritonserver on loopback serving a tiny torch engine, and the HTTP calls the serving tests make."""
 
 import json
+import threading
 import urllib.request
 
 from trtllm_dflash.engine.loader import free_port
@@ -52,3 +53,48 @@ def metrics(server) -> dict[str, float]:
 
 def text_prompt(i: int) -> str:
     return bytes(held_out_prompts(i + 1)[i]).decode()
+
+
+def stream(server, body: dict, timeout: float = 120) -> list[dict]:
+    """Triton's HTTP generate_stream: the server-sent events of one request, in order."""
+    req = urllib.request.Request(f"{server['ends'].http_url}/v2/models/dflash/generate_stream",
+                                 json.dumps({**body, "streaming": True}).encode())
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
+
+
+def grpc_stream(server, prompt: str, max_new: int, exclude_input: bool = False, timeout: float = 120) -> list:
+    """One streaming request over Triton's gRPC stream: each response's text_output, in order (an error as the
+    exception the client reports)."""
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server['ends'].grpc_port}")
+    chunks, done = [], threading.Event()
+
+    def callback(result, error):
+        if error is not None:
+            chunks.append(error)
+            done.set()
+            return
+        chunks.append(result.as_numpy("text_output")[0].decode())
+        if result.get_response().parameters["triton_final_response"].bool_param:
+            done.set()
+
+    def tensor(name, value, dtype, triton_type):
+        t = grpcclient.InferInput(name, [1], triton_type)
+        t.set_data_from_numpy(np.array([value], dtype=dtype))
+        return t
+
+    inputs = [tensor("text_input", prompt.encode(), np.object_, "BYTES"), tensor("streaming", True, bool, "BOOL"),
+              tensor("sampling_param_max_tokens", max_new, np.int32, "INT32"),
+              tensor("sampling_param_ignore_eos", True, bool, "BOOL"),
+              tensor("sampling_param_exclude_input_from_output", exclude_input, bool, "BOOL")]
+    client.start_stream(callback=callback)
+    try:
+        client.async_stream_infer("dflash", inputs, enable_empty_final_response=False)
+        assert done.wait(timeout), chunks
+    finally:
+        client.stop_stream()
+        client.close()
+    return chunks

@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers.triton import metrics, post, serving, text_prompt
+from helpers.triton import grpc_stream, metrics, post, serving, stream, text_prompt
 
 pytest.importorskip("tritonclient")
 pytestmark = pytest.mark.serve  # the real tritonserver
@@ -20,13 +20,6 @@ MAX_NEW = 24
 @pytest.fixture(scope="module")
 def server(triton_server):
     return triton_server
-
-
-def stream(server, body: dict, timeout: float = 120) -> list[dict]:
-    req = urllib.request.Request(f"{server['ends'].http_url}/v2/models/dflash/generate_stream",
-                                 json.dumps({**body, "streaming": True}).encode())
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
 
 
 def body(prompt: str, **extra) -> dict:
@@ -61,35 +54,9 @@ def test_http_stream_concatenates_to_the_full_text(server):
 
 
 def test_grpc_stream_concatenates_to_the_full_text(server):
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
     prompt = text_prompt(2)
     full = post(server, "generate", body(prompt))["text_output"]
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server['ends'].grpc_port}")
-    chunks, done = [], threading.Event()
-
-    def callback(result, error):
-        if error is not None:
-            chunks.append(error)
-            done.set()
-            return
-        chunks.append(result.as_numpy("text_output")[0].decode())
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            done.set()
-
-    def tensor(name, value, dtype, triton_type):
-        t = grpcclient.InferInput(name, [1], triton_type)
-        t.set_data_from_numpy(np.array([value], dtype=dtype))
-        return t
-
-    inputs = [tensor("text_input", prompt.encode(), np.object_, "BYTES"), tensor("streaming", True, bool, "BOOL"),
-              tensor("sampling_param_max_tokens", MAX_NEW, np.int32, "INT32"),
-              tensor("sampling_param_ignore_eos", True, bool, "BOOL")]
-    client.start_stream(callback=callback)
-    client.async_stream_infer("dflash", inputs, enable_empty_final_response=False)
-    assert done.wait(120)
-    client.stop_stream()
+    chunks = grpc_stream(server, prompt, MAX_NEW)
     assert all(isinstance(c, str) for c in chunks), chunks
     assert len(chunks) > 1 and "".join(chunks) == full
 
