@@ -15,6 +15,7 @@ draft was drawn from, so rejection sampling (accept.py) stays lossless. Scores a
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ..models.dflash2 import CandidateSelector
 from ..sample.sampling import PROPOSE, SamplingBatch, sample, uniforms
@@ -40,7 +41,9 @@ def walk(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor
         return anchors.new_zeros((len(anchors), 0)), None
     unary, candidates = logits.topk(selector.top_k, dim=-1)  # [B, n, K], sorted descending
     projected = selector.hidden_projection(hidden).float()  # [B, n, r]
-    successors = selector.successor_codebook[candidates].float()  # [B, n, K, r]
+    # codebook rows by embedding lookup: 4x faster than advanced indexing on the CPU (13 vs 50 us a [1, 15, 16]
+    # lookup in a [2048, 256] codebook, one thread)
+    successors = F.embedding(candidates, selector.successor_codebook).float()  # [B, n, K, r]
     codebook = selector.predecessor_codebook
     if sampling.all_greedy:
         return greedy_walk(codebook, unary, candidates, projected, successors, anchors), None
@@ -49,7 +52,7 @@ def walk(selector: CandidateSelector, logits: torch.Tensor, hidden: torch.Tensor
     temperature = torch.where(greedy, 1.0, sampling.temperature[:, None])
     prev, drafts, probs = anchors, [], []
     for j in range(n):
-        context = codebook[prev].float() * projected[:, j]  # [B, r]
+        context = F.embedding(prev, codebook).float() * projected[:, j]  # [B, r]
         scores = unary[:, j] + (context[:, None, :] * successors[:, j]).sum(-1)  # [B, K]
         p = torch.softmax(scores / temperature, dim=-1)
         if sampling.any_greedy:
@@ -68,7 +71,7 @@ def greedy_walk(codebook: torch.Tensor, unary: torch.Tensor, candidates: torch.T
     only follows indices. unary, candidates: [B, n, K]; projected: [B, n, r]; successors: [B, n, K, r] -> [B, n]."""
     b, n, k = candidates.shape
     prev = torch.cat([anchors[:, None, None].expand(b, 1, k), candidates[:, :-1]], dim=1)  # [B, n, K]
-    context = codebook[prev].float() * projected[:, :, None, :]  # [B, n, K prev, r]
+    context = F.embedding(prev, codebook).float() * projected[:, :, None, :]  # [B, n, K prev, r]
     scores = unary[:, :, None, :] + context @ successors.transpose(-1, -2)  # [B, n, K prev, K]
     best = scores.argmax(-1)  # [B, n, K prev]: the first best candidate after each predecessor
     index, chosen = anchors.new_zeros((b, 1)), []  # slot 0: every predecessor row is the anchor's
