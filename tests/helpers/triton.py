@@ -63,21 +63,23 @@ def stream(server, body: dict, timeout: float = 120) -> list[dict]:
         return [json.loads(line[5:]) for line in r.read().decode().splitlines() if line.startswith("data:")]
 
 
-def grpc_stream(server, prompt: str, max_new: int, exclude_input: bool = False, timeout: float = 120) -> list:
-    """One streaming request over Triton's gRPC stream: each response's text_output, in order (an error as the
-    exception the client reports)."""
+def grpc_stream(port: int, prompt: str, max_tokens: int, exclude_input: bool = False, cancel_after: int | None = None,
+                timeout: float = 120) -> list:
+    """One streaming request over Triton's gRPC stream: each response's text_output in order (an error as the
+    exception the client reports); with `cancel_after`, cancelled through Triton's client after that many."""
     import numpy as np
     import tritonclient.grpc as grpcclient
 
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{server['ends'].grpc_port}")
-    chunks, done = [], threading.Event()
+    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
+    texts, done, enough = [], threading.Event(), threading.Event()
 
     def callback(result, error):
         if error is not None:
-            chunks.append(error)
-            done.set()
-            return
-        chunks.append(result.as_numpy("text_output")[0].decode())
+            texts.append(error)
+            return done.set()
+        texts.append(result.as_numpy("text_output")[0].decode())
+        if cancel_after is not None and len(texts) >= cancel_after:
+            enough.set()
         if result.get_response().parameters["triton_final_response"].bool_param:
             done.set()
 
@@ -87,14 +89,29 @@ def grpc_stream(server, prompt: str, max_new: int, exclude_input: bool = False, 
         return t
 
     inputs = [tensor("text_input", prompt.encode(), np.object_, "BYTES"), tensor("streaming", True, bool, "BOOL"),
-              tensor("sampling_param_max_tokens", max_new, np.int32, "INT32"),
+              tensor("sampling_param_max_tokens", max_tokens, np.int32, "INT32"),
               tensor("sampling_param_ignore_eos", True, bool, "BOOL"),
               tensor("sampling_param_exclude_input_from_output", exclude_input, bool, "BOOL")]
     client.start_stream(callback=callback)
     try:
         client.async_stream_infer("dflash", inputs, enable_empty_final_response=False)
-        assert done.wait(timeout), chunks
+        if cancel_after is None:
+            assert done.wait(timeout), texts
+        else:
+            assert enough.wait(timeout) and not done.is_set(), texts
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=cancel_after is not None)
         client.close()
-    return chunks
+    return texts
+
+
+def post_all(server, bodies: list[dict]) -> list[dict]:
+    """The bodies posted to `generate` at once, one thread each: their replies in order."""
+    replies = [None] * len(bodies)
+    threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, post(server, "generate", bodies[i])))
+               for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return replies

@@ -6,12 +6,11 @@ the target's tokenizer; the OpenAI frontend is compared with that too.
 """
 
 import json
-import threading
 
 import pytest
 import torch
 from helpers.oracle import hf_greedy
-from helpers.triton import grpc_stream, metrics, post, serving, stream
+from helpers.triton import grpc_stream, metrics, post, post_all, serving, stream
 
 pytest.importorskip("tritonclient")
 pytestmark = pytest.mark.serve  # the real tritonserver
@@ -61,13 +60,7 @@ def test_generate_is_the_targets_greedy_output_alone_and_batched(server, expecte
     alone = post(server, "generate", body(prompts[0]))
     assert alone["text_output"] == expected[prompts[0]] and alone["num_output_tokens"] == MAX_NEW
     assert alone["num_draft_steps"] > 0 and alone["total_accepted_draft_tokens"] > 0  # drafted, and accepted
-    replies = [None] * len(prompts)
-    threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, post(server, "generate", body(prompts[i]))))
-               for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    replies = post_all(server, [body(p) for p in prompts])
     assert [r["text_output"] for r in replies] == [expected[p] for p in prompts]
     delta = {k: v - before.get(k, 0.0) for k, v in metrics(server).items()}
     assert delta["dflash_generated_tokens_total"] == MAX_NEW * (1 + len(prompts))
@@ -78,7 +71,7 @@ def test_http_and_grpc_streams_concatenate_to_the_greedy_text(server, expected):
     prompt = list(expected)[1]
     events = stream(server, body(prompt))
     assert len(events) > 1 and "".join(e["text_output"] for e in events) == expected[prompt]
-    chunks = grpc_stream(server, prompt, MAX_NEW, exclude_input=True)
+    chunks = grpc_stream(server['ends'].grpc_port, prompt, MAX_NEW, exclude_input=True)
     assert all(isinstance(c, str) for c in chunks), chunks
     assert len(chunks) > 1 and "".join(chunks) == expected[prompt]
 

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers.triton import metrics, post, text_prompt
+from helpers.triton import grpc_stream, metrics, post, text_prompt
 from trtllm_dflash.engine.loader import free_port
 
 openai = pytest.importorskip("openai")
@@ -280,46 +280,6 @@ def read_sse(port: int, path: str, body: dict, headers: dict | None = None, keep
     return lines
 
 
-def grpc_stream(port: int, prompt: str, max_tokens: int, cancel_after: int | None = None) -> list[str]:
-    """A gRPC stream's texts; with `cancel_after`, cancelled through Triton's client after that many responses."""
-    import threading
-
-    import numpy as np
-    import tritonclient.grpc as grpcclient
-
-    client = grpcclient.InferenceServerClient(f"127.0.0.1:{port}")
-    texts, done, enough = [], threading.Event(), threading.Event()
-
-    def callback(result, error):
-        if error is not None:
-            texts.append(error)
-            return done.set()
-        texts.append(result.as_numpy("text_output")[0].decode())
-        if cancel_after is not None and len(texts) >= cancel_after:
-            enough.set()
-        if result.get_response().parameters["triton_final_response"].bool_param:
-            done.set()
-
-    def tensor(name, value, dtype, triton_type):
-        t = grpcclient.InferInput(name, [1], triton_type)
-        t.set_data_from_numpy(np.array([value], dtype=dtype))
-        return t
-
-    inputs = [tensor("text_input", prompt.encode(), np.object_, "BYTES"), tensor("streaming", True, bool, "BOOL"),
-              tensor("sampling_param_max_tokens", max_tokens, np.int32, "INT32"),
-              tensor("sampling_param_ignore_eos", True, bool, "BOOL"),
-              tensor("sampling_param_exclude_input_from_output", True, bool, "BOOL")]
-    client.start_stream(callback=callback)
-    client.async_stream_infer("dflash", inputs, enable_empty_final_response=False)
-    if cancel_after is None:
-        assert done.wait(120)
-    else:
-        assert enough.wait(120) and not done.is_set()
-    client.stop_stream(cancel_requests=cancel_after is not None)
-    client.close()
-    return texts
-
-
 def test_clients_that_go_away_free_everything_and_the_others_stay_exact(frontends, triton_server):
     """Four kept requests (Triton HTTP, its SSE, gRPC, OpenAI SSE) decode beside six that go away with far more to
     go: HTTP and OpenAI SSE streams closed after a few chunks, a gRPC stream cancelled through Triton's client, an
@@ -345,14 +305,14 @@ def test_clients_that_go_away_free_everything_and_the_others_stay_exact(frontend
     kept = [lambda: post(triton_server, "generate", {**triton_body(prompts[0], KEEP), "streaming": False})["text_output"],
             lambda: "".join(json.loads(x)["text_output"] for x in
                             read_sse(http_port, "/v2/models/dflash/generate_stream", triton_body(prompts[1], KEEP))),
-            lambda: "".join(grpc_stream(grpc_port, prompts[2], KEEP)),
+            lambda: "".join(grpc_stream(grpc_port, prompts[2], KEEP, exclude_input=True)),
             lambda: "".join(json.loads(x)["choices"][0]["text"] for x in
                             read_sse(api, "/v1/completions", openai_body(prompts[3], KEEP))[:-1])]
     dropped = [lambda: read_sse(http_port, "/v2/models/dflash/generate_stream", triton_body(prompts[4], DROP), keep=2),
                lambda: read_sse(http_port, "/v2/models/dflash/generate_stream", triton_body(prompts[5], DROP), keep=5),
                lambda: read_sse(api, "/v1/completions", openai_body(prompts[6], DROP), keep=3),
                lambda: read_sse(api, "/v1/completions", openai_body(prompts[7], DROP), keep=6),
-               lambda: grpc_stream(grpc_port, prompts[8], DROP, cancel_after=3),
+               lambda: grpc_stream(grpc_port, prompts[8], DROP, exclude_input=True, cancel_after=3),
                lambda: openai_timeout(prompts[9])]
     results, gone, errors = [None] * 4, [], []
 

@@ -9,7 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers.triton import grpc_stream, metrics, post, serving, stream, text_prompt
+from helpers.triton import grpc_stream, metrics, post, post_all, serving, stream, text_prompt
 
 pytest.importorskip("tritonclient")
 pytestmark = pytest.mark.serve  # the real tritonserver
@@ -56,7 +56,7 @@ def test_http_stream_concatenates_to_the_full_text(server):
 def test_grpc_stream_concatenates_to_the_full_text(server):
     prompt = text_prompt(2)
     full = post(server, "generate", body(prompt))["text_output"]
-    chunks = grpc_stream(server, prompt, MAX_NEW)
+    chunks = grpc_stream(server['ends'].grpc_port, prompt, MAX_NEW)
     assert all(isinstance(c, str) for c in chunks), chunks
     assert len(chunks) > 1 and "".join(chunks) == full
 
@@ -286,13 +286,7 @@ def test_compiled_steps_serve_the_same_text(builtin, server, tmp_path):
     eager = [post(server, "generate", body(p))["text_output"] for p in prompts]
     served = serving(builtin, tmp_path, step_mode="compile")
     srv = next(served)
-    replies = [None] * len(prompts)
-    threads = [threading.Thread(target=lambda i=i: replies.__setitem__(i, post(srv, "generate", body(prompts[i]))))
-               for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    replies = post_all(srv, [body(p) for p in prompts])
     assert [r["text_output"] for r in replies] == eager
     assert post(srv, "generate", body(prompts[0]))["text_output"] == eager[0]  # alone, after the batch
     assert "does not compile" not in srv["log"].read_text()
