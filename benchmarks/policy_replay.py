@@ -67,7 +67,8 @@ def step_costs(generator, ids: tuple[int, ...], repeats: int = 3) -> tuple[dict[
     from trtllm_dflash.draft_length.policy import DraftLenPolicy
     from trtllm_dflash.engine.request import Request
 
-    class Fixed(DraftLenPolicy):
+    class Fixed(DraftLenPolicy):  # not FixedDraftLen: its k = 0 admits plain-only, while auto's plain steps keep
+        # the drafter's context, the step this replay prices
         def __init__(self, k):
             self.k, self.seconds = k, []
 
