@@ -36,6 +36,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from draft_len_batch1 import HARD_OPENINGS, prompt_texts  # noqa: E402
+from serve_dflash_vs_plain import BusyProcess  # noqa: E402
 
 OUT = Path(__file__).parent / "results" / "policy_replay.json"
 NEW_TOKENS, K = 128, 15
@@ -89,23 +90,20 @@ def step_costs(generator, ids: tuple[int, ...], repeats: int = 3) -> tuple[dict[
             {k: statistics.pstdev(v) for k, v in logs.items()})
 
 
-class SharedCore:
+class SharedCore(BusyProcess):
     """This process and a busy Python loop pinned to one core while the `with` block runs (Linux): each gets
     about half of it, as a step does when another process lands on its core."""
 
     def __enter__(self):
-        import subprocess
-
         self.affinity = os.sched_getaffinity(0)
-        core = min(self.affinity)
-        os.sched_setaffinity(0, {core})
-        self.proc = subprocess.Popen(["taskset", "-c", str(core), sys.executable, "-c", "while True: pass"])
+        self.core = min(self.affinity)
+        os.sched_setaffinity(0, {self.core})
+        super().__enter__()
         time.sleep(0.5)
         return self
 
     def __exit__(self, *exc):
-        self.proc.kill()
-        self.proc.wait()
+        super().__exit__(*exc)
         os.sched_setaffinity(0, self.affinity)
 
 

@@ -180,10 +180,15 @@ def server_names(draft_lens: list[str], control_pair: bool = False) -> list[str]
 
 
 class BusyProcess:
-    """A dedicated second process spinning one Python thread while the `with` block runs: one core of load."""
+    """A dedicated second process spinning one Python thread while the `with` block runs: one core of load
+    (pinned to `core` when given, Linux)."""
+
+    def __init__(self, core: int | None = None):
+        self.core = core
 
     def __enter__(self):
-        self.proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        spin = [sys.executable, "-c", "while True: pass"]
+        self.proc = subprocess.Popen(spin if self.core is None else ["taskset", "-c", str(self.core), *spin])
         return self
 
     def __exit__(self, *exc):
